@@ -1,0 +1,191 @@
+/*
+ * internal.h — what the C core's files share and the public header does not
+ * promise: the per-ISA kernel tables, the thread fan-out, small bit helpers.
+ * Not installed, not part of the API.
+ */
+#ifndef FP8MIX_INTERNAL_H
+#define FP8MIX_INTERNAL_H
+
+#include <string.h>
+
+#include "fp8mix.h"
+
+/* ---- bit helpers (shift semantics of vpsllvd / vpsrlvd: counts >= 32 give 0) */
+
+static inline uint32_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline float bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline uint32_t shl32(uint32_t x, uint32_t c) { return c >= 32 ? 0u : x << c; }
+static inline uint32_t shr32(uint32_t x, uint32_t c) { return c >= 32 ? 0u : x >> c; }
+
+/* bf16 / f16 bit patterns to float32 (exact). */
+static inline float bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
+float fp8mix_f16_to_f32_ref(uint16_t h);
+/* float32 to bf16 / f16 bits, round to nearest even, NaN kept (quiet). */
+uint16_t fp8mix_f32_to_bf16_ref(float f);
+uint16_t fp8mix_f32_to_f16_ref(float f);
+
+/* Load element i of a row of type t as float32. */
+static inline float load_f32(const void *row, fp8mix_dtype t, int64_t i)
+{
+    switch (t) {
+    case FP8MIX_F32: return ((const float *)row)[i];
+    case FP8MIX_BF16: return bf16_to_f32(((const uint16_t *)row)[i]);
+    default: return fp8mix_f16_to_f32_ref(((const uint16_t *)row)[i]);
+    }
+}
+
+static inline size_t dtype_size(fp8mix_dtype t) { return t == FP8MIX_F32 ? 4 : 2; }
+
+/* Decode table: fp8mix_decode_table(fmt)[byte] is the exact float32 value. */
+const float *fp8mix_decode_table(fp8mix_format fmt);
+
+/* ---- format parameters used by the encoders ----------------------------- */
+
+typedef struct fp8_params {
+    int32_t mbits;       /* 3 or 2 */
+    int32_t bias;        /* 7 or 15 */
+    int32_t emin;        /* 1 - bias: exponent of the smallest normal */
+    uint32_t max_code;   /* 0x7E or 0x7B */
+    uint32_t ovf_code;   /* code for an overflow (sign added later) */
+    uint32_t nan_code;   /* 0x7F or 0x7E */
+    int stochastic;
+} fp8_params;
+
+/* Fill p from opts; returns FP8MIX_ERR_BAD_ENUM for unknown values. */
+fp8mix_status fp8_params_init(fp8_params *p, const fp8mix_cast_opts *o);
+
+/*
+ * The FP8 encoder, on the magnitude bits a = |y| of a float32:
+ *   E = a >> 23, M = significand with the implicit bit (E = 0: none, and the
+ *   exponent counts as 1).  With e = max(E,1) - 127 the unbiased exponent,
+ *   the target spacing is reached by shifting M right by
+ *       shift = 23 - mbits + max(emin - e, 0)
+ *   The kept integer q is the FP8 significand (implicit bit included for
+ *   normals), so code = ((max(e, emin) + bias - 1) << mbits) + q holds for
+ *   normals and subnormals alike, and a carry out of q moves to the next
+ *   binade by itself.  Codes above max_code are overflows (inf lands there
+ *   too: its e is 128).  Every SIMD and CUDA variant runs exactly these
+ *   integer steps; `r` is the stochastic-rounding word.
+ */
+static inline uint8_t fp8_encode(const fp8_params *p, float y, uint32_t r)
+{
+    uint32_t bits = f32_bits(y);
+    uint32_t sign = (bits >> 24) & 0x80u;
+    uint32_t a = bits & 0x7FFFFFFFu;
+    if (a > 0x7F800000u) return (uint8_t)(p->nan_code | sign);
+    int32_t E = (int32_t)(a >> 23);
+    uint32_t M = (a & 0x7FFFFFu) | (E ? 0x800000u : 0u);
+    int32_t e = (E ? E : 1) - 127;
+    int32_t sub = p->emin - e > 0 ? p->emin - e : 0;
+    uint32_t shift = (uint32_t)(23 - p->mbits + sub);
+    uint32_t q;
+    if (!p->stochastic) {
+        if (shift > 25) shift = 25; /* M < 2^24 <= half: rounds to 0 either way */
+        q = M >> shift;
+        uint32_t rem = M & ((1u << shift) - 1u);
+        uint32_t half = 1u << (shift - 1);
+        q += (rem > half) | ((rem == half) & (q & 1u));
+    } else {
+        /* Counts >= 32 give 0, so the two terms cover d <= 32 and d >= 32
+         * without a branch (both equal M at d = 32). */
+        q = shr32(M, shift);
+        uint32_t rem = M & (shl32(1u, shift) - 1u);
+        uint32_t t = shl32(rem, 32u - shift) | shr32(M, shift - 32u);
+        q += r < t;
+    }
+    int32_t ee = e > p->emin ? e : p->emin;
+    uint32_t code = ((uint32_t)(ee + p->bias - 1) << p->mbits) + q;
+    if (code > p->max_code) code = p->ovf_code;
+    return (uint8_t)(code | sign);
+}
+
+/* ---- cast kernels: one row segment under one scale ----------------------
+ * Encodes n contiguous elements x[0..n) (type xt) times `scale` into q[0..n),
+ * and folds max |x| bits (unsigned compare of bits & 0x7FFFFFFF) into *amax.
+ * For stochastic rounding, element t uses random word index rng_index + t
+ * (i.e. fp8mix_random_word(seed, offset, rng_index + t)).  q may be NULL
+ * (amax only). */
+typedef void (*fp8mix_cast_seg_fn)(const void *x, fp8mix_dtype xt, int64_t n,
+                                   float scale, uint8_t *q, uint32_t *amax,
+                                   const fp8_params *p, uint64_t seed,
+                                   uint64_t rng_index);
+
+/* Decodes n bytes to float32 times scale_inv, then stores as out_t. */
+typedef void (*fp8mix_dequant_seg_fn)(const uint8_t *q, int64_t n,
+                                      const float *table, float scale_inv,
+                                      void *out, fp8mix_dtype out_t);
+
+typedef struct fp8mix_kernels {
+    fp8mix_cast_seg_fn cast_seg;
+    fp8mix_dequant_seg_fn dequant_seg;
+} fp8mix_kernels;
+
+/* Kernel table for the active ISA (never NULL). */
+const fp8mix_kernels *fp8mix_kernels_active(void);
+
+void fp8mix_cast_seg_scalar(const void *x, fp8mix_dtype xt, int64_t n,
+                            float scale, uint8_t *q, uint32_t *amax,
+                            const fp8_params *p, uint64_t seed,
+                            uint64_t rng_index);
+void fp8mix_dequant_seg_scalar(const uint8_t *q, int64_t n, const float *table,
+                               float scale_inv, void *out, fp8mix_dtype out_t);
+#if defined(__x86_64__) || defined(_M_X64)
+#define FP8MIX_X86 1
+void fp8mix_cast_seg_avx2(const void *x, fp8mix_dtype xt, int64_t n,
+                          float scale, uint8_t *q, uint32_t *amax,
+                          const fp8_params *p, uint64_t seed,
+                          uint64_t rng_index);
+void fp8mix_dequant_seg_avx2(const uint8_t *q, int64_t n, const float *table,
+                             float scale_inv, void *out, fp8mix_dtype out_t);
+void fp8mix_cast_seg_avx512(const void *x, fp8mix_dtype xt, int64_t n,
+                            float scale, uint8_t *q, uint32_t *amax,
+                            const fp8_params *p, uint64_t seed,
+                            uint64_t rng_index);
+void fp8mix_dequant_seg_avx512(const uint8_t *q, int64_t n, const float *table,
+                               float scale_inv, void *out, fp8mix_dtype out_t);
+#endif
+
+/* Random words rng_index .. rng_index + n - 1 into r[0..n). */
+void fp8mix_random_words(uint64_t seed, uint64_t offset_plus_index, int64_t n,
+                         uint32_t *r);
+
+/* ---- threads ------------------------------------------------------------
+ * Runs fn(ctx, task, worker) for task in [0, ntasks) on up to `workers`
+ * threads (the calling thread is worker 0).  Tasks are handed out in order
+ * from an atomic counter; fn must not depend on which worker runs a task
+ * except through the worker index it is given (for per-worker scratch or
+ * partial results).  Returns the number of workers actually used, or a
+ * negative value when thread creation failed (then everything ran on the
+ * calling thread and all tasks still ran). */
+typedef void (*fp8mix_task_fn)(void *ctx, int64_t task, int worker);
+int fp8mix_parallel_for(int64_t ntasks, int workers, fp8mix_task_fn fn,
+                        void *ctx);
+
+/* Workers worth using for `work` units of at least `grain` each. */
+int fp8mix_workers_for(int64_t work, int64_t grain);
+
+/* Shape checks shared by the entry points. */
+static inline int bad_2d(int64_t rows, int64_t cols, int64_t ld)
+{
+    return rows < 0 || cols < 0 || ld < cols || (rows > 0 && ld < 1) ||
+           (cols > 0 && rows > INT64_MAX / (ld > 0 ? ld : 1));
+}
+static inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* Number of scales for gran over rows x cols. */
+int64_t fp8mix_scale_count(fp8mix_granularity gran, int64_t rows, int64_t cols);
+/* Index of the scale of element (i, j). */
+static inline int64_t scale_index(fp8mix_granularity g, int64_t i, int64_t j,
+                                  int64_t cols)
+{
+    switch (g) {
+    case FP8MIX_GRAN_TENSOR: return 0;
+    case FP8MIX_GRAN_ROW: return i;
+    case FP8MIX_GRAN_BLOCK: return i * ceil_div(cols, FP8MIX_BLOCK) + j / FP8MIX_BLOCK;
+    default: return (i / FP8MIX_BLOCK) * ceil_div(cols, FP8MIX_BLOCK) + j / FP8MIX_BLOCK;
+    }
+}
+/* Nonzero unless every one of n scales is finite and > 0. */
+int fp8mix_scales_bad(const float *s, int64_t n);
+
+#endif /* FP8MIX_INTERNAL_H */

@@ -1,0 +1,56 @@
+/*
+ * gemm_avx512.c — AVX-512 float32 GEMM microkernel, 14 x 32 tile (28 zmm
+ * accumulators, A broadcast from the packed panel).  Packed panels and the
+ * summation order are defined in gemm_internal.h; FMA equals mul+add here
+ * because FP8 products are exact.
+ */
+#include "gemm_internal.h"
+
+#if FP8MIX_X86
+#include <immintrin.h>
+
+#define ROWS14(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13)
+
+void fp8mix_gemm_ukernel_f32_14x32__avx512(int64_t kc, const void *ap, const void *bp,
+                                           float *c, int64_t ldc, int load_c,
+                                           const float *rs)
+{
+    const float *a = (const float *)ap, *b = (const float *)bp;
+    int init = load_c && !rs;
+#define DECL(r)                                                                    \
+    __m512 c##r##0 = init ? _mm512_loadu_ps(c + r * ldc) : _mm512_setzero_ps();   \
+    __m512 c##r##1 = init ? _mm512_loadu_ps(c + r * ldc + 16) : _mm512_setzero_ps();
+    ROWS14(DECL)
+#undef DECL
+    for (int64_t t = 0; t < kc; t++, a += 14, b += 32) {
+        __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
+#define STEP(r)                                        \
+    {                                                  \
+        __m512 av = _mm512_set1_ps(a[r]);              \
+        c##r##0 = _mm512_fmadd_ps(av, b0, c##r##0);    \
+        c##r##1 = _mm512_fmadd_ps(av, b1, c##r##1);    \
+    }
+        ROWS14(STEP)
+#undef STEP
+    }
+    if (!rs) {
+#define STORE(r)                               \
+    _mm512_storeu_ps(c + r * ldc, c##r##0);    \
+    _mm512_storeu_ps(c + r * ldc + 16, c##r##1);
+        ROWS14(STORE)
+#undef STORE
+        return;
+    }
+    /* Block scales: C = (load_c ? C : +0) + part * rs[r], mul then add. */
+#define SCALE(r)                                                                    \
+    {                                                                               \
+        __m512 s = _mm512_set1_ps(rs[r]);                                           \
+        __m512 o0 = load_c ? _mm512_loadu_ps(c + r * ldc) : _mm512_setzero_ps();    \
+        __m512 o1 = load_c ? _mm512_loadu_ps(c + r * ldc + 16) : _mm512_setzero_ps(); \
+        _mm512_storeu_ps(c + r * ldc, _mm512_add_ps(o0, _mm512_mul_ps(c##r##0, s)));      \
+        _mm512_storeu_ps(c + r * ldc + 16, _mm512_add_ps(o1, _mm512_mul_ps(c##r##1, s))); \
+    }
+    ROWS14(SCALE)
+#undef SCALE
+}
+#endif /* FP8MIX_X86 */

@@ -1,0 +1,78 @@
+/*
+ * gemm_avx512bf16.c — AVX512_BF16 GEMM microkernel, 14 x 32 tile: every FP8
+ * value is exact in bf16, so vdpbf16ps multiplies two k-steps per lane at
+ * once.  Its two adds per lane (odd element first, each rounded) are the
+ * canonical order of gemm_internal.h; gemm.c probes once that this CPU agrees
+ * bit for bit with the float32 kernel before using it.
+ */
+#include "gemm_internal.h"
+
+#if FP8MIX_X86 && defined(__AVX512BF16__)
+#include <immintrin.h>
+
+const int fp8mix_gemm_have_avx512bf16 = 1;
+
+#define ROWS14(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13)
+
+static inline __m512bh bcast_pair(const unsigned char *a)
+{
+    int32_t w;
+    memcpy(&w, a, 4);
+    return (__m512bh)_mm512_set1_epi32(w);
+}
+
+void fp8mix_gemm_ukernel_bf16_14x32__avx512bf16(int64_t kc, const void *ap,
+                                                const void *bp, float *c,
+                                                int64_t ldc, int load_c,
+                                                const float *rs)
+{
+    const unsigned char *a = (const unsigned char *)ap, *b = (const unsigned char *)bp;
+    int init = load_c && !rs;
+#define DECL(r)                                                                    \
+    __m512 c##r##0 = init ? _mm512_loadu_ps(c + r * ldc) : _mm512_setzero_ps();   \
+    __m512 c##r##1 = init ? _mm512_loadu_ps(c + r * ldc + 16) : _mm512_setzero_ps();
+    ROWS14(DECL)
+#undef DECL
+    for (int64_t q = 0; q < kc / 2; q++, a += 14 * 4, b += 32 * 4) {
+        __m512bh b0 = (__m512bh)_mm512_loadu_si512((const void *)b);
+        __m512bh b1 = (__m512bh)_mm512_loadu_si512((const void *)(b + 64));
+#define STEP(r)                                         \
+    {                                                   \
+        __m512bh av = bcast_pair(a + 4 * r);            \
+        c##r##0 = _mm512_dpbf16_ps(c##r##0, av, b0);    \
+        c##r##1 = _mm512_dpbf16_ps(c##r##1, av, b1);    \
+    }
+        ROWS14(STEP)
+#undef STEP
+    }
+    if (!rs) {
+#define STORE(r)                               \
+    _mm512_storeu_ps(c + r * ldc, c##r##0);    \
+    _mm512_storeu_ps(c + r * ldc + 16, c##r##1);
+        ROWS14(STORE)
+#undef STORE
+        return;
+    }
+    /* Block scales: C = (load_c ? C : +0) + part * rs[r], mul then add. */
+#define SCALE(r)                                                                    \
+    {                                                                               \
+        __m512 s = _mm512_set1_ps(rs[r]);                                           \
+        __m512 o0 = load_c ? _mm512_loadu_ps(c + r * ldc) : _mm512_setzero_ps();    \
+        __m512 o1 = load_c ? _mm512_loadu_ps(c + r * ldc + 16) : _mm512_setzero_ps(); \
+        _mm512_storeu_ps(c + r * ldc, _mm512_add_ps(o0, _mm512_mul_ps(c##r##0, s)));      \
+        _mm512_storeu_ps(c + r * ldc + 16, _mm512_add_ps(o1, _mm512_mul_ps(c##r##1, s))); \
+    }
+    ROWS14(SCALE)
+#undef SCALE
+}
+#elif FP8MIX_X86
+/* Built without AVX512_BF16 support: never selected. */
+const int fp8mix_gemm_have_avx512bf16 = 0;
+void fp8mix_gemm_ukernel_bf16_14x32__avx512bf16(int64_t kc, const void *ap,
+                                                const void *bp, float *c,
+                                                int64_t ldc, int load_c,
+                                                const float *rs)
+{
+    (void)kc; (void)ap; (void)bp; (void)c; (void)ldc; (void)load_c; (void)rs;
+}
+#endif

@@ -1,0 +1,64 @@
+"""FP8 formats: the `Format` enum users pass around, and the facts of each format.
+
+E4M3 is OCP's e4m3fn (torch.float8_e4m3fn): bias 7, max 448, no infinities, one NaN.
+E5M2 is torch.float8_e5m2: bias 15, max 57344, infinities and NaNs like IEEE half.
+HYBRID is a policy, not an encoding: E4M3 for forward tensors (activations, weights),
+E5M2 for gradients.
+"""
+from __future__ import annotations
+
+import enum
+
+import torch
+
+__all__ = ["Format", "fp8_dtype", "fp8_max", "format_of_dtype", "GRANULARITIES"]
+
+
+class Format(enum.Enum):
+    """FP8 format choice, per tensor or per recipe."""
+
+    E4M3 = "E4M3"
+    E5M2 = "E5M2"
+    HYBRID = "HYBRID"
+
+    def __repr__(self) -> str:  # like Transformer Engine's Format.HYBRID
+        return f"Format.{self.name}"
+
+
+_DTYPES = {Format.E4M3: torch.float8_e4m3fn, Format.E5M2: torch.float8_e5m2}
+_MAX = {Format.E4M3: 448.0, Format.E5M2: 57344.0}
+
+# name -> code of the C API's fp8mix_granularity
+GRANULARITIES = {"tensor": 0, "row": 1, "block": 2, "block2d": 3}
+
+
+def _single(fmt) -> Format:
+    if isinstance(fmt, str):
+        try:
+            fmt = Format[fmt.upper()]
+        except KeyError:
+            raise ValueError(f"unknown FP8 format {fmt!r}; expected 'E4M3' or 'E5M2'") from None
+    if not isinstance(fmt, Format):
+        raise TypeError(f"fmt must be an fp8mix.Format, got {type(fmt).__name__}")
+    if fmt not in _DTYPES:
+        raise ValueError(
+            f"{fmt!r} is a per-role policy, not an encoding: a single tensor needs Format.E4M3 or Format.E5M2"
+        )
+    return fmt
+
+
+def fp8_dtype(fmt) -> torch.dtype:
+    """The torch dtype holding `fmt`'s bytes (E4M3 -> float8_e4m3fn, E5M2 -> float8_e5m2)."""
+    return _DTYPES[_single(fmt)]
+
+
+def fp8_max(fmt) -> float:
+    """Largest finite value of `fmt` (448.0 or 57344.0)."""
+    return _MAX[_single(fmt)]
+
+
+def format_of_dtype(dtype: torch.dtype) -> Format:
+    for f, d in _DTYPES.items():
+        if d == dtype:
+            return f
+    raise TypeError(f"{dtype} is not an FP8 dtype; expected torch.float8_e4m3fn or torch.float8_e5m2")

@@ -1,0 +1,83 @@
+"""The only module that calls torch.ops.fp8mix.*: loads the native library and
+registers fake (meta) implementations so the ops trace under torch.compile.
+
+Everything numeric happens in C (csrc/); this file only states output shapes.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import _C  # noqa: F401  (loading it registers torch.ops.fp8mix)
+
+_ops = torch.ops.fp8mix
+
+__all__ = ["cast", "quantize_current", "amax", "compute_scale", "dequantize", "cpu_isa", "set_max_isa"]
+
+
+def _rows_cols(x: torch.Tensor):
+    cols = 1 if x.dim() == 0 else x.shape[-1]
+    rows = 0 if cols == 0 else x.numel() // cols
+    return rows, cols
+
+
+def _scale_shape(x: torch.Tensor, g: int):
+    rows, cols = _rows_cols(x)
+    lead = list(x.shape[:-1]) if x.dim() >= 1 else []
+    if g == 0:
+        return []
+    if g == 1:
+        return lead + [1]
+    if g == 2:
+        return lead + [(cols + 127) // 128]
+    return [(rows + 127) // 128, (cols + 127) // 128]
+
+
+@torch.library.register_fake("fp8mix::cast")
+def _cast_fake(x, scale, fp8_dtype, granularity, saturate=True, stochastic=False, seed=0, offset=0,
+               want_q=True, transpose=False):
+    rows, cols = _rows_cols(x)
+    q = x.new_empty(x.shape if want_q else (0,), dtype=fp8_dtype)
+    qt = x.new_empty((cols, rows) if transpose else (0,), dtype=fp8_dtype)
+    return q, qt, x.new_empty((), dtype=torch.float32)
+
+
+@torch.library.register_fake("fp8mix::quantize_current")
+def _quantize_current_fake(x, fp8_dtype, granularity, margin=0, power_2_scale=False, amax_epsilon=0.0,
+                           saturate=True, stochastic=False, seed=0, offset=0, want_q=True, transpose=False):
+    rows, cols = _rows_cols(x)
+    q = x.new_empty(x.shape if want_q else (0,), dtype=fp8_dtype)
+    qt = x.new_empty((cols, rows) if transpose else (0,), dtype=fp8_dtype)
+    s = _scale_shape(x, granularity)
+    return q, qt, x.new_empty(s, dtype=torch.float32), x.new_empty(s, dtype=torch.float32)
+
+
+@torch.library.register_fake("fp8mix::amax")
+def _amax_fake(x, granularity=0):
+    return x.new_empty(_scale_shape(x, granularity), dtype=torch.float32)
+
+
+@torch.library.register_fake("fp8mix::compute_scale")
+def _compute_scale_fake(amax, fp8_dtype, margin=0, power_2_scale=False, amax_epsilon=0.0):
+    return torch.empty_like(amax), torch.empty_like(amax)
+
+
+@torch.library.register_fake("fp8mix::dequantize")
+def _dequantize_fake(q, scale_inv, granularity, out_dtype):
+    return q.new_empty(q.shape, dtype=out_dtype)
+
+
+cast = _ops.cast
+quantize_current = _ops.quantize_current
+amax = _ops.amax
+compute_scale = _ops.compute_scale
+dequantize = _ops.dequantize
+
+
+def cpu_isa() -> str:
+    """The instruction set the CPU kernels use now ('scalar', 'avx2', 'avx512', 'avx512bf16')."""
+    return _ops.cpu_isa()
+
+
+def set_max_isa(name: str) -> None:
+    """Cap the CPU kernels' instruction set (e.g. 'scalar' to run the portable path); process-wide."""
+    _ops.set_max_isa(name)

@@ -1,0 +1,151 @@
+"""User-facing casts: quantize, amax, cast_transpose, dequantize.
+
+Policy only (argument checks, defaults, seeds); the numerics are the C kernels
+behind fp8mix.ops.  Rules (see csrc/include/fp8mix.h): y = fp32(x * scale) is
+rounded to float32 first, then to FP8 with round-to-nearest-even (or stochastic
+rounding); saturating mode turns overflow and +-inf into +-max, non-saturating
+mode follows OCP (NaN for E4M3, +-inf for E5M2); E4M3's 464 is a tie that rounds
+to 448, anything above overflows.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import ops
+from .formats import GRANULARITIES, Format, _single, fp8_dtype
+from .tensor import Float8Tensor
+
+__all__ = ["quantize", "amax", "cast_transpose", "dequantize"]
+
+_ROUNDING = ("nearest", "stochastic")
+_HP = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _check_input(x, op: str) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"fp8mix.{op}: x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in _HP:
+        raise TypeError(f"fp8mix.{op}: x must be float32, bfloat16 or float16, got {x.dtype}"
+                        + ("; convert with x.float()" if x.dtype == torch.float64 else ""))
+    if x.device.type != "cpu" and not _has_device_kernels(x.device):
+        raise NotImplementedError(f"fp8mix.{op}: no fp8mix kernels for device {x.device} in this build")
+
+
+def _has_device_kernels(device: torch.device) -> bool:
+    return torch._C._dispatch_has_kernel_for_dispatch_key("fp8mix::cast", device.type.upper())
+
+
+def _granularity(g: str, op: str) -> int:
+    if g not in GRANULARITIES:
+        raise ValueError(f"fp8mix.{op}: granularity must be one of {list(GRANULARITIES)}, got {g!r}")
+    return GRANULARITIES[g]
+
+
+def _seed(seed):
+    if seed is None:  # drawn from torch's generator, so torch.manual_seed makes runs repeatable
+        return int(torch.randint(0, 2**62, (), dtype=torch.int64))
+    if not isinstance(seed, int) or seed < 0 or seed >= 2**64:
+        raise ValueError(f"seed must be an int in [0, 2**64), got {seed!r}")
+    return seed - 2**64 if seed >= 2**63 else seed  # the op takes int64; C reads uint64
+
+
+def _scale_tensor(scale, x: torch.Tensor, g: int, op: str) -> torch.Tensor:
+    if isinstance(scale, (int, float)):
+        if not (math.isfinite(scale) and scale > 0):
+            raise ValueError(f"fp8mix.{op}: scale must be finite and > 0, got {scale}")
+        return torch.tensor(float(scale), dtype=torch.float32, device=x.device)
+    if not isinstance(scale, torch.Tensor):
+        raise TypeError(f"fp8mix.{op}: scale must be None, a float or a float32 tensor")
+    return scale
+
+
+def quantize(x: torch.Tensor, fmt=Format.E4M3, scale=None, *, granularity: str = "tensor",
+             rounding: str = "nearest", saturate: bool = True, seed: int | None = None,
+             offset: int = 0, margin: int = 0, power_2_scale: bool = False,
+             amax_epsilon: float = 0.0) -> Float8Tensor:
+    """Cast `x` (float32/bfloat16/float16) to FP8.
+
+    Args:
+        fmt: ``Format.E4M3`` (default) or ``Format.E5M2``.
+        scale: multiplier applied before the cast. ``None`` means current scaling:
+            ``scale = fp8_max / amax / 2**margin`` per tile (power of two if
+            `power_2_scale`), and scale 1 where amax is 0 or not finite. A float or a
+            float32 tensor with one value per tile of `granularity` is used as given
+            (each must be finite and > 0).
+        granularity: ``"tensor"``, ``"row"`` (one scale per row of the last dim),
+            ``"block"`` (1x128 tiles along the last dim) or ``"block2d"`` (128x128
+            blocks of the 2-D view ``(numel/last_dim, last_dim)``).
+        rounding: ``"nearest"`` (ties to even) or ``"stochastic"`` (unbiased; random
+            words from Philox4x32-10 keyed by `seed`, indexed by element + `offset`).
+        saturate: clamp overflow and +-inf to +-max (default) instead of OCP's NaN/inf.
+        seed: stochastic-rounding key; ``None`` draws one from torch's generator.
+
+    Returns:
+        A :class:`Float8Tensor` with ``scale_inv = 1/scale`` and the input's amax.
+    """
+    _check_input(x, "quantize")
+    f = _single(fmt)
+    g = _granularity(granularity, "quantize")
+    if rounding not in _ROUNDING:
+        raise ValueError(f"fp8mix.quantize: rounding must be 'nearest' or 'stochastic', got {rounding!r}")
+    sr = rounding == "stochastic"
+    s = _seed(seed) if sr else 0
+    if not isinstance(offset, int) or offset < 0:
+        raise ValueError(f"fp8mix.quantize: offset must be a non-negative int, got {offset!r}")
+    if scale is None:
+        q, _, sinv, am = ops.quantize_current(x, fp8_dtype(f), g, margin, power_2_scale, amax_epsilon,
+                                              saturate, sr, s, offset)
+        return Float8Tensor(q, sinv, am, granularity)
+    st = _scale_tensor(scale, x, g, "quantize")
+    q, _, am = ops.cast(x, st, fp8_dtype(f), g, saturate, sr, s, offset)
+    sinv = torch.reciprocal(st.to(torch.float32))
+    return Float8Tensor(q, sinv, am, granularity)
+
+
+def cast_transpose(x: torch.Tensor, fmt=Format.E4M3, scale=None, *, granularity: str = "tensor",
+                   rounding: str = "nearest", saturate: bool = True, seed: int | None = None,
+                   offset: int = 0, margin: int = 0, power_2_scale: bool = False):
+    """One read of `x` gives its FP8 copy and the FP8 transpose (of the 2-D view
+    ``(numel/last_dim, last_dim)``), plus amax.
+
+    The transpose holds the same bytes as ``quantize(...).data`` transposed, so only
+    granularities whose tiles stay tiles when transposed are accepted: ``"tensor"``
+    and ``"block2d"``. Returns ``(q, qt)``, two :class:`Float8Tensor`.
+    """
+    _check_input(x, "cast_transpose")
+    if granularity not in ("tensor", "block2d"):
+        raise ValueError("fp8mix.cast_transpose: granularity must be 'tensor' or 'block2d' (a row or 1x128 "
+                         f"scale does not describe the transpose), got {granularity!r}")
+    f = _single(fmt)
+    g = GRANULARITIES[granularity]
+    if rounding not in _ROUNDING:
+        raise ValueError(f"fp8mix.cast_transpose: rounding must be 'nearest' or 'stochastic', got {rounding!r}")
+    sr = rounding == "stochastic"
+    s = _seed(seed) if sr else 0
+    if scale is None:
+        q, qt, sinv, am = ops.quantize_current(x, fp8_dtype(f), g, margin, power_2_scale, 0.0, saturate, sr, s,
+                                               offset, True, True)
+    else:
+        st = _scale_tensor(scale, x, g, "cast_transpose")
+        q, qt, am = ops.cast(x, st, fp8_dtype(f), g, saturate, sr, s, offset, True, True)
+        sinv = torch.reciprocal(st.to(torch.float32))
+        if g == 3:
+            sinv = sinv.reshape(qt.shape[1] and -1, (q.shape[-1] + 127) // 128) if sinv.dim() != 2 else sinv
+    sinv_t = sinv.t().contiguous() if g == 3 else sinv
+    return Float8Tensor(q, sinv, am, granularity), Float8Tensor(qt, sinv_t, am, granularity)
+
+
+def amax(x: torch.Tensor, granularity: str = "tensor") -> torch.Tensor:
+    """max |x| per tile of `granularity` (float32). A NaN anywhere in a tile gives NaN,
+    else an infinity gives +inf; an empty tensor gives 0."""
+    _check_input(x, "amax")
+    return ops.amax(x, _granularity(granularity, "amax"))
+
+
+def dequantize(t: Float8Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``t.data * t.scale_inv`` (per tile), rounded once to `dtype`."""
+    if not isinstance(t, Float8Tensor):
+        raise TypeError(f"fp8mix.dequantize expects a Float8Tensor, got {type(t).__name__}")
+    return t.dequantize(dtype)

@@ -1,0 +1,63 @@
+"""Float8Tensor: FP8 bytes with the scales that give them meaning.
+
+A plain holder (not a torch.Tensor subclass): `data` is a torch.float8_e4m3fn or
+torch.float8_e5m2 tensor, `scale_inv` the float32 dequantisation factor(s) whose
+shape follows the granularity, so that value = data.float() * scale_inv
+(broadcast per tile).
+"""
+from __future__ import annotations
+
+import torch
+
+from . import ops
+from .formats import GRANULARITIES, Format, format_of_dtype
+
+__all__ = ["Float8Tensor"]
+
+
+class Float8Tensor:
+    """An FP8 tensor and its scale.
+
+    Attributes:
+        data: the FP8 bytes, a ``torch.float8_e4m3fn`` or ``torch.float8_e5m2`` tensor.
+        scale_inv: float32 dequantisation factors; shape ``()`` for per-tensor scaling,
+            ``(*lead, 1)`` per row, ``(*lead, ceil(K/128))`` per 1x128 block,
+            ``(ceil(R/128), ceil(K/128))`` per 128x128 block.
+        fmt: ``Format.E4M3`` or ``Format.E5M2`` (follows ``data.dtype``).
+        amax: max |x| of the source tensor (shape of ``scale_inv``), or None if unknown.
+        granularity: ``"tensor"``, ``"row"``, ``"block"`` or ``"block2d"``.
+    """
+
+    __slots__ = ("data", "scale_inv", "amax", "granularity")
+
+    def __init__(self, data: torch.Tensor, scale_inv: torch.Tensor, amax: torch.Tensor | None = None,
+                 granularity: str = "tensor"):
+        format_of_dtype(data.dtype)  # raises TypeError for non-FP8 data
+        if granularity not in GRANULARITIES:
+            raise ValueError(f"granularity must be one of {sorted(GRANULARITIES)}, got {granularity!r}")
+        if not isinstance(scale_inv, torch.Tensor) or scale_inv.dtype != torch.float32:
+            raise TypeError("scale_inv must be a float32 tensor")
+        self.data = data
+        self.scale_inv = scale_inv
+        self.amax = amax
+        self.granularity = granularity
+
+    @property
+    def fmt(self) -> Format:
+        return format_of_dtype(self.data.dtype)
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.data.shape
+
+    @property
+    def device(self) -> torch.device:
+        return self.data.device
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The represented values, ``data * scale_inv``, rounded once to `dtype`."""
+        return ops.dequantize(self.data, self.scale_inv, GRANULARITIES[self.granularity], dtype)
+
+    def __repr__(self) -> str:
+        return (f"Float8Tensor(shape={tuple(self.shape)}, fmt={self.fmt!r}, granularity={self.granularity!r}, "
+                f"scale_inv={self.scale_inv if self.scale_inv.numel() <= 4 else tuple(self.scale_inv.shape)})")

@@ -1,0 +1,309 @@
+/*
+ * test_cast.c — the casting core without Python: Philox known answers, the
+ * scalar encoder's invariants, every SIMD variant bit-exact against the
+ * scalar path over a stride of the float32 bit space (every exponent; set
+ * FP8MIX_FULL=1 for all 2^32 patterns), every bf16/f16 pattern, the entry
+ * points' granularities, transpose, amax rules, thread-count independence,
+ * scale computation and bad arguments.
+ */
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "internal.h"
+
+static const fp8mix_isa ISAS[] = {FP8MIX_ISA_AVX2, FP8MIX_ISA_AVX512};
+
+static void test_philox(void)
+{
+    /* Known-answer vectors of Random123 (kat_vectors, philox4x32_10). */
+    struct { uint32_t c[4], k[2], o[4]; } kat[] = {
+        {{0, 0, 0, 0}, {0, 0}, {0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}},
+        {{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff}, {0xffffffff, 0xffffffff},
+         {0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}},
+        {{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}, {0xa4093822, 0x299f31d0},
+         {0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}},
+    };
+    for (int i = 0; i < 3; i++) {
+        uint32_t o[4];
+        fp8mix_philox4x32_10(kat[i].c, kat[i].k, o);
+        for (int w = 0; w < 4; w++) CHECK(o[w] == kat[i].o[w], "kat %d word %d: %08x", i, w, o[w]);
+    }
+    /* the bulk generator agrees with the per-element definition */
+    uint32_t r[37];
+    fp8mix_random_words(0x1234567890abcdefull, 5, 37, r);
+    for (int i = 0; i < 37; i++)
+        CHECK(r[i] == fp8mix_random_word(0x1234567890abcdefull, 5, (uint64_t)i), "word %d", i);
+}
+
+static void test_encode_ref(void)
+{
+    for (int f = 0; f < 2; f++) {
+        fp8mix_format fmt = (fp8mix_format)f;
+        for (int c = 0; c < 256; c++) {
+            float v = fp8mix_decode_ref((uint8_t)c, fmt);
+            if (isnan(v) || isinf(v)) continue;
+            for (int sat = 0; sat < 2; sat++)
+                CHECK(fp8mix_encode_ref(v, fmt, sat, FP8MIX_ROUND_NEAREST, 0) == c,
+                      "fmt %d code %02x round trip", f, c);
+            /* exact values never move under stochastic rounding */
+            CHECK(fp8mix_encode_ref(v, fmt, 1, FP8MIX_ROUND_STOCHASTIC, 0) == c, "sr exact %02x", c);
+        }
+    }
+    /* the documented edge cases */
+    CHECK(fp8mix_encode_ref(464.0f, FP8MIX_E4M3, 0, FP8MIX_ROUND_NEAREST, 0) == 0x7E, "464 ties to 448");
+    CHECK(fp8mix_encode_ref(nextafterf(464.0f, 1e9f), FP8MIX_E4M3, 0, FP8MIX_ROUND_NEAREST, 0) == 0x7F,
+          "above 464 is NaN");
+    CHECK(fp8mix_encode_ref(1e9f, FP8MIX_E4M3, 1, FP8MIX_ROUND_NEAREST, 0) == 0x7E, "saturate");
+    CHECK(fp8mix_encode_ref(-INFINITY, FP8MIX_E4M3, 1, FP8MIX_ROUND_NEAREST, 0) == 0xFE, "-inf sat");
+    CHECK(fp8mix_encode_ref(INFINITY, FP8MIX_E5M2, 0, FP8MIX_ROUND_NEAREST, 0) == 0x7C, "inf e5m2");
+    CHECK(fp8mix_encode_ref(61440.0f, FP8MIX_E5M2, 0, FP8MIX_ROUND_NEAREST, 0) == 0x7C, "61440 tie up");
+    CHECK(fp8mix_encode_ref(61440.0f, FP8MIX_E5M2, 1, FP8MIX_ROUND_NEAREST, 0) == 0x7B, "61440 sat");
+    CHECK(fp8mix_encode_ref(-NAN, FP8MIX_E5M2, 1, FP8MIX_ROUND_NEAREST, 0) == 0xFE, "-nan e5m2");
+    CHECK(fp8mix_encode_ref(ldexpf(1, -10), FP8MIX_E4M3, 1, FP8MIX_ROUND_NEAREST, 0) == 0x00, "2^-10 ties to 0");
+    CHECK(fp8mix_encode_ref(ldexpf(3, -11), FP8MIX_E4M3, 1, FP8MIX_ROUND_NEAREST, 0) == 0x01, "1.5*2^-10 up");
+    CHECK(fp8mix_encode_ref(-0.0f, FP8MIX_E4M3, 1, FP8MIX_ROUND_NEAREST, 0) == 0x80, "-0");
+    /* stochastic: r = 0 always rounds up an inexact value, r = max never */
+    CHECK(fp8mix_encode_ref(1.0625f, FP8MIX_E4M3, 1, FP8MIX_ROUND_STOCHASTIC, 0) == 0x39, "sr up");
+    CHECK(fp8mix_encode_ref(1.0625f, FP8MIX_E4M3, 1, FP8MIX_ROUND_STOCHASTIC, 0xFFFFFFFFu) == 0x38,
+          "sr down");
+    CHECK(fp8mix_encode_ref(1.0625f, FP8MIX_E4M3, 1, FP8MIX_ROUND_STOCHASTIC, 0x7FFFFFFFu) == 0x39,
+          "sr half");
+    CHECK(fp8mix_encode_ref(1.0625f, FP8MIX_E4M3, 1, FP8MIX_ROUND_STOCHASTIC, 0x80000000u) == 0x38,
+          "sr half+");
+}
+
+/* Cast n float32 patterns through one segment kernel of the given ISA. */
+static void run_seg(fp8mix_isa isa, const void *x, fp8mix_dtype xt, int64_t n, float scale,
+                    uint8_t *q, uint32_t *amax, const fp8_params *p, uint64_t seed, uint64_t start)
+{
+    fp8mix_set_max_isa(isa);
+    fp8mix_kernels_active()->cast_seg(x, xt, n, scale, q, amax, p, seed, start);
+}
+
+static void test_simd_sweep(void)
+{
+    int full = getenv("FP8MIX_FULL") != NULL;
+    uint64_t stride = full ? 1 : 997; /* prime: every exponent, mantissa bits vary */
+    enum { CH = 1 << 16 };
+    uint32_t *xs = malloc(CH * 4);
+    uint8_t *ref = malloc(CH), *got = malloc(CH);
+    const float scales[] = {1.0f, 0.3f * 7.0f, 1.0f / 1024.0f};
+    long mismatches = 0;
+    for (int f = 0; f < 2; f++)
+        for (int sat = 0; sat < 2; sat++)
+            for (int sr = 0; sr < 2; sr++) {
+                fp8mix_cast_opts o = {(fp8mix_format)f, sat, sr ? FP8MIX_ROUND_STOCHASTIC : FP8MIX_ROUND_NEAREST,
+                                      42, 0};
+                fp8_params p;
+                fp8_params_init(&p, &o);
+                for (int si = 0; si < 3; si++) {
+                    if (si > 0 && sat == 0) continue;
+                    uint64_t b = (uint64_t)f * 31 + (uint64_t)sr * 7; /* vary the phase */
+                    while (b < (1ull << 32)) {
+                        int64_t n = 0;
+                        for (; n < CH - 3 && b < (1ull << 32); n++, b += stride) xs[n] = (uint32_t)b;
+                        uint32_t am_ref = 0;
+                        run_seg(FP8MIX_ISA_SCALAR, xs, FP8MIX_F32, n, scales[si], ref, &am_ref, &p, 7, b);
+                        for (size_t k = 0; k < sizeof ISAS / sizeof ISAS[0]; k++) {
+                            if (fp8mix_cpu_isa() < ISAS[k]) continue;
+                            uint32_t am = 0;
+                            run_seg(ISAS[k], xs, FP8MIX_F32, n, scales[si], got, &am, &p, 7, b);
+                            if (memcmp(ref, got, (size_t)n) || am != am_ref) mismatches++;
+                        }
+                    }
+                }
+            }
+    CHECK(mismatches == 0, "%ld chunks differ between SIMD and scalar", mismatches);
+    /* the scalar segment kernel agrees with fp8mix_encode_ref element by element */
+    for (int64_t i = 0; i < CH; i++) xs[i] = (uint32_t)(i * 65537u + 12345u);
+    fp8mix_cast_opts o = {FP8MIX_E4M3, 1, FP8MIX_ROUND_STOCHASTIC, 99, 0};
+    fp8_params p;
+    fp8_params_init(&p, &o);
+    uint32_t am = 0;
+    run_seg(FP8MIX_ISA_SCALAR, xs, FP8MIX_F32, CH, 2.0f, ref, &am, &p, 99, 1000);
+    long bad = 0;
+    for (int64_t i = 0; i < CH; i++) {
+        float y = bits_f32(xs[i]) * 2.0f;
+        uint8_t e = fp8mix_encode_ref(y, FP8MIX_E4M3, 1, FP8MIX_ROUND_STOCHASTIC,
+                                      fp8mix_random_word(99, 1000, (uint64_t)i));
+        bad += e != ref[i];
+    }
+    CHECK(bad == 0, "%ld scalar kernel vs ref", bad);
+    free(xs);
+    free(ref);
+    free(got);
+}
+
+static void test_half_inputs(void)
+{
+    uint16_t *h = malloc(65536 * 2);
+    uint8_t *ref = malloc(65536), *got = malloc(65536);
+    for (int i = 0; i < 65536; i++) h[i] = (uint16_t)i;
+    long mismatches = 0;
+    for (int t = 1; t <= 2; t++)
+        for (int f = 0; f < 2; f++)
+            for (int sr = 0; sr < 2; sr++) {
+                fp8mix_cast_opts o = {(fp8mix_format)f, 1, sr ? FP8MIX_ROUND_STOCHASTIC : FP8MIX_ROUND_NEAREST, 3, 0};
+                fp8_params p;
+                fp8_params_init(&p, &o);
+                uint32_t am_ref = 0;
+                run_seg(FP8MIX_ISA_SCALAR, h, (fp8mix_dtype)t, 65533, 1.5f, ref, &am_ref, &p, 3, 0);
+                for (size_t k = 0; k < 2; k++) {
+                    if (fp8mix_cpu_isa() < ISAS[k]) continue;
+                    uint32_t am = 0;
+                    run_seg(ISAS[k], h, (fp8mix_dtype)t, 65533, 1.5f, got, &am, &p, 3, 0);
+                    mismatches += memcmp(ref, got, 65533) != 0 || am != am_ref;
+                }
+            }
+    CHECK(mismatches == 0, "%ld half-input configs differ", mismatches);
+    /* dequantisation to every output type, every code */
+    for (int f = 0; f < 2; f++)
+        for (int t = 0; t < 3; t++) {
+            uint8_t codes[259];
+            for (int i = 0; i < 259; i++) codes[i] = (uint8_t)i;
+            uint8_t o_ref[259 * 4], o_got[259 * 4];
+            fp8mix_set_max_isa(FP8MIX_ISA_SCALAR);
+            fp8mix_kernels_active()->dequant_seg(codes, 259, fp8mix_decode_table((fp8mix_format)f), 0.75f,
+                                                 o_ref, (fp8mix_dtype)t);
+            for (size_t k = 0; k < 2; k++) {
+                if (fp8mix_cpu_isa() < ISAS[k]) continue;
+                fp8mix_set_max_isa(ISAS[k]);
+                fp8mix_kernels_active()->dequant_seg(codes, 259, fp8mix_decode_table((fp8mix_format)f), 0.75f,
+                                                     o_got, (fp8mix_dtype)t);
+                CHECK(!memcmp(o_ref, o_got, 259 * dtype_size((fp8mix_dtype)t)), "dequant fmt %d type %d isa %d",
+                      f, t, (int)ISAS[k]);
+            }
+        }
+    fp8mix_set_max_isa(FP8MIX_ISA_AVX512BF16);
+    free(h);
+    free(ref);
+    free(got);
+}
+
+static float urand(uint32_t *s)
+{
+    *s = *s * 1664525u + 1013904223u;
+    return (float)(*s >> 8) / 16777216.0f * 2.0f - 1.0f;
+}
+
+static void test_entry_points(void)
+{
+    const int64_t R = 300, C = 333, LD = 340;
+    float *x = malloc(sizeof(float) * R * LD);
+    uint32_t s = 1;
+    for (int64_t i = 0; i < R * LD; i++) x[i] = urand(&s) * 100.0f;
+    x[5 * LD + 7] = -1234.5f;
+    const fp8mix_granularity grans[] = {FP8MIX_GRAN_TENSOR, FP8MIX_GRAN_ROW, FP8MIX_GRAN_BLOCK, FP8MIX_GRAN_BLOCK2D};
+    uint8_t *q = malloc(R * C), *q2 = malloc(R * C), *qt = malloc(C * R);
+    float *scales = malloc(sizeof(float) * R * 3);
+    for (int g = 0; g < 4; g++) {
+        int64_t ns = fp8mix_scale_count(grans[g], R, C);
+        for (int64_t t = 0; t < ns; t++) scales[t] = 0.5f + (float)t * 0.01f;
+        fp8mix_cast_opts o = {FP8MIX_E4M3, 1, FP8MIX_ROUND_NEAREST, 0, 0};
+        float am = 0;
+        CHECK(fp8mix_cast(x, FP8MIX_F32, R, C, LD, grans[g], scales, q, C, qt, R, &am, &o) == FP8MIX_OK, "cast");
+        CHECK(am == 1234.5f, "amax %g", am);
+        long bad = 0, badt = 0;
+        for (int64_t i = 0; i < R; i++)
+            for (int64_t j = 0; j < C; j++) {
+                float sc = scales[scale_index(grans[g], i, j, C)];
+                bad += q[i * C + j] != fp8mix_encode_ref(x[i * LD + j] * sc, FP8MIX_E4M3, 1, FP8MIX_ROUND_NEAREST, 0);
+                badt += qt[j * R + i] != q[i * C + j];
+            }
+        CHECK(bad == 0 && badt == 0, "gran %d: %ld wrong, %ld wrong in transpose", g, bad, badt);
+        /* only the transpose; and one thread vs many */
+        memset(qt, 0, (size_t)R * C);
+        fp8mix_set_num_threads(1);
+        CHECK(fp8mix_cast(x, FP8MIX_F32, R, C, LD, grans[g], scales, NULL, 0, qt, R, NULL, &o) == FP8MIX_OK, "qt");
+        fp8mix_set_num_threads(0);
+        badt = 0;
+        for (int64_t i = 0; i < R; i++)
+            for (int64_t j = 0; j < C; j++) badt += qt[j * R + i] != q[i * C + j];
+        CHECK(badt == 0, "qt-only gran %d", g);
+        /* amax per granularity, and quantize_current equal to amax -> scale -> cast */
+        float *am_g = malloc(sizeof(float) * ns), *am_c = malloc(sizeof(float) * ns);
+        float *sc = malloc(sizeof(float) * ns), *inv = malloc(sizeof(float) * ns), *inv_c = malloc(sizeof(float) * ns);
+        CHECK(fp8mix_amax(x, FP8MIX_F32, R, C, LD, grans[g], am_g) == FP8MIX_OK, "amax");
+        bad = 0;
+        for (int64_t t = 0; t < ns; t++) am_c[t] = 0;
+        for (int64_t i = 0; i < R; i++)
+            for (int64_t j = 0; j < C; j++) {
+                int64_t t = scale_index(grans[g], i, j, C);
+                if (fabsf(x[i * LD + j]) > am_c[t]) am_c[t] = fabsf(x[i * LD + j]);
+            }
+        for (int64_t t = 0; t < ns; t++) bad += am_c[t] != am_g[t];
+        CHECK(bad == 0, "amax gran %d", g);
+        fp8mix_compute_scale(am_g, ns, FP8MIX_E5M2, 1, 1, 0.0f, sc, inv);
+        fp8mix_cast_opts o2 = {FP8MIX_E5M2, 1, FP8MIX_ROUND_STOCHASTIC, 5, 64};
+        CHECK(fp8mix_cast(x, FP8MIX_F32, R, C, LD, grans[g], sc, q, C, NULL, 0, NULL, &o2) == FP8MIX_OK, "c");
+        CHECK(fp8mix_quantize_current(x, FP8MIX_F32, R, C, LD, grans[g], 1, 1, 0.0f, q2, C, NULL, 0, inv_c,
+                                      am_c, &o2) == FP8MIX_OK, "qc");
+        CHECK(!memcmp(q, q2, (size_t)R * C) && !memcmp(inv, inv_c, sizeof(float) * ns) &&
+                  !memcmp(am_g, am_c, sizeof(float) * ns), "quantize_current gran %d", g);
+        /* dequantize inverts within half an ulp (exact for power-of-two scales) */
+        float *dq = malloc(sizeof(float) * R * C);
+        CHECK(fp8mix_dequantize(q2, FP8MIX_E5M2, R, C, C, grans[g], inv_c, dq, FP8MIX_F32, C) == FP8MIX_OK, "dq");
+        bad = 0;
+        for (int64_t i = 0; i < R; i++)
+            for (int64_t j = 0; j < C; j++) {
+                float v = fp8mix_decode_ref(q2[i * C + j], FP8MIX_E5M2) * inv_c[scale_index(grans[g], i, j, C)];
+                bad += dq[i * C + j] != v;
+            }
+        CHECK(bad == 0, "dequantize gran %d", g);
+        free(dq);
+        free(am_g); free(am_c); free(sc); free(inv); free(inv_c);
+    }
+    /* amax NaN / inf rules */
+    float y[5] = {1, -INFINITY, 3, NAN, 2};
+    float am;
+    fp8mix_amax(y, FP8MIX_F32, 1, 5, 5, FP8MIX_GRAN_TENSOR, &am);
+    CHECK(isnan(am), "nan wins");
+    fp8mix_amax(y, FP8MIX_F32, 1, 3, 3, FP8MIX_GRAN_TENSOR, &am);
+    CHECK(isinf(am) && am > 0, "inf next");
+    fp8mix_amax(y, FP8MIX_F32, 0, 3, 3, FP8MIX_GRAN_TENSOR, &am);
+    CHECK(am == 0.0f, "empty amax 0");
+    /* bad arguments */
+    fp8mix_cast_opts o = {FP8MIX_E4M3, 1, FP8MIX_ROUND_NEAREST, 0, 0};
+    float bads[] = {0.0f, -1.0f, NAN, INFINITY};
+    for (int i = 0; i < 4; i++)
+        CHECK(fp8mix_cast(x, FP8MIX_F32, 2, 2, 2, FP8MIX_GRAN_TENSOR, &bads[i], q, 2, NULL, 0, NULL, &o) ==
+                  FP8MIX_ERR_BAD_SCALE, "bad scale %g", bads[i]);
+    float one = 1.0f;
+    CHECK(fp8mix_cast(x, FP8MIX_F32, 2, 4, 3, FP8MIX_GRAN_TENSOR, &one, q, 4, NULL, 0, NULL, &o) == FP8MIX_ERR_BAD_SHAPE, "ld");
+    CHECK(fp8mix_cast(x, (fp8mix_dtype)9, 2, 2, 2, FP8MIX_GRAN_TENSOR, &one, q, 2, NULL, 0, NULL, &o) == FP8MIX_ERR_BAD_ENUM, "dt");
+    CHECK(fp8mix_cast(x, FP8MIX_F32, 2, 2, 2, FP8MIX_GRAN_TENSOR, &one, NULL, 2, NULL, 0, NULL, &o) == FP8MIX_ERR_NULL_POINTER, "np");
+    o.fmt = (fp8mix_format)5;
+    CHECK(fp8mix_cast(x, FP8MIX_F32, 2, 2, 2, FP8MIX_GRAN_TENSOR, &one, q, 2, NULL, 0, NULL, &o) == FP8MIX_ERR_BAD_ENUM, "fmt");
+    free(x); free(q); free(q2); free(qt); free(scales);
+}
+
+static void test_compute_scale(void)
+{
+    float am[] = {0.0f, NAN, INFINITY, 448.0f, 1.0f, 3.0f, 1e-38f, 1e-45f};
+    float s[8], inv[8];
+    CHECK(fp8mix_compute_scale(am, 8, FP8MIX_E4M3, 0, 0, 0.0f, s, inv) == FP8MIX_OK, "ok");
+    CHECK(s[0] == 1 && s[1] == 1 && s[2] == 1 && s[3] == 1 && s[4] == 448 && s[5] == 448.0f / 3.0f, "values");
+    CHECK(s[7] == FLT_MAX && inv[7] == 1.0f / FLT_MAX, "overflowing scale becomes FLT_MAX");
+    CHECK(fp8mix_compute_scale(am, 8, FP8MIX_E4M3, 2, 1, 0.0f, s, inv) == FP8MIX_OK, "ok");
+    CHECK(s[4] == 64.0f && s[5] == 32.0f && inv[5] == 1.0f / 32.0f, "pow2 with margin: %g %g", s[4], s[5]);
+    CHECK(s[7] == 0x1p127f, "pow2 cap");
+    float eps = 0.5f, a2 = 0.25f;
+    fp8mix_compute_scale(&a2, 1, FP8MIX_E5M2, 0, 0, eps, s, NULL);
+    CHECK(s[0] == 57344.0f / 0.5f, "epsilon floor");
+    CHECK(fp8mix_compute_scale(am, 1, FP8MIX_E4M3, -1, 0, 0.0f, s, inv) == FP8MIX_ERR_BAD_ARG, "margin");
+}
+
+int main(void)
+{
+    printf("cpu isa: %s\n", fp8mix_isa_name(fp8mix_cpu_isa()));
+    test_philox();
+    test_encode_ref();
+    test_simd_sweep();
+    test_half_inputs();
+    test_entry_points();
+    test_compute_scale();
+    return check_report("test_cast");
+}

@@ -1,0 +1,461 @@
+/*
+ * test_gemm.c — the scaled FP8 GEMM (fp8mix_gemm) against a float64 oracle
+ * computed here from fp8mix_decode_ref, and against the scalar reference
+ * fp8mix_gemm_ref bit for bit on every ISA this CPU has and for 1 and 2
+ * threads.  Also: the FP22 accumulation model (error grows without
+ * promotion, stays bounded with it), NaN/inf propagation, bad arguments.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "fp8mix.h"
+#include "gemm_internal.h"
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static uint32_t rnd(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 16);
+}
+
+/* A random finite FP8 byte (no NaN, no inf). */
+static uint8_t rnd_fp8(fp8mix_format f)
+{
+    for (;;) {
+        uint8_t q = (uint8_t)rnd();
+        if (f == FP8MIX_E4M3 ? (q & 0x7F) != 0x7F : (q & 0x7C) != 0x7C) return q;
+    }
+}
+
+static float rnd_scale(void) { return ldexpf(1.0f + (float)(rnd() % 1000) / 1000.0f, (int)(rnd() % 9) - 4); }
+
+typedef struct problem {
+    fp8mix_gemm_args g;
+    uint8_t *a, *b;
+    float *sa, *sb;
+    void *bias;
+    int64_t nsa, nsb;
+} problem;
+
+static int64_t nscale(fp8mix_mm_scale kind, int64_t rows, int64_t k, int64_t n, int is_a)
+{
+    if (kind == FP8MIX_MM_SCALE_TENSOR) return 1;
+    if (kind == FP8MIX_MM_SCALE_OUTER) return is_a ? rows : n;
+    int64_t nkb = (k + 127) / 128;
+    return is_a ? rows * nkb : nkb * ((n + 127) / 128);
+}
+
+/* Random operands with padded leading dimensions. */
+static void make_problem(problem *p, int64_t m, int64_t n, int64_t k, fp8mix_format fa,
+                         fp8mix_format fb, fp8mix_b_layout lay, fp8mix_mm_scale kind,
+                         int bias, fp8mix_dtype out_t, fp8mix_accum accum, int64_t interval)
+{
+    memset(p, 0, sizeof *p);
+    fp8mix_gemm_args *g = &p->g;
+    g->m = m; g->n = n; g->k = k;
+    g->fmt_a = fa; g->fmt_b = fb; g->b_layout = lay;
+    /* ld >= max(cols, 1), sometimes padded */
+    g->lda = (k > 0 ? k : 1) + (int64_t)(rnd() % 3);
+    g->ldb = (lay == FP8MIX_B_KN ? n : (k > 0 ? k : 1)) + (int64_t)(rnd() % 3);
+    g->ldo = n + (int64_t)(rnd() % 3);
+    int64_t brows = lay == FP8MIX_B_KN ? k : n;
+    p->a = malloc((size_t)(m * g->lda + 1));
+    p->b = malloc((size_t)(brows * g->ldb + 1));
+    for (int64_t i = 0; i < m * g->lda; i++) p->a[i] = rnd_fp8(fa);
+    for (int64_t i = 0; i < brows * g->ldb; i++) p->b[i] = rnd_fp8(fb);
+    p->nsa = nscale(kind, m, k, n, 1);
+    p->nsb = nscale(kind, m, k, n, 0);
+    p->sa = malloc((size_t)(p->nsa + 1) * 4);
+    p->sb = malloc((size_t)(p->nsb + 1) * 4);
+    for (int64_t i = 0; i < p->nsa; i++) p->sa[i] = rnd_scale();
+    for (int64_t i = 0; i < p->nsb; i++) p->sb[i] = rnd_scale();
+    g->a = p->a; g->b = p->b;
+    g->scale_a = p->sa; g->scale_b = p->sb;
+    g->scale_a_kind = g->scale_b_kind = kind;
+    g->out_t = out_t;
+    g->accum = accum;
+    g->promote_interval = interval;
+    if (bias) {
+        /* bias in float32 or in the output dtype */
+        g->bias_t = (rnd() & 1) ? FP8MIX_F32 : out_t;
+        float *bf = malloc((size_t)n * 4 + 4);
+        uint16_t *bh = malloc((size_t)n * 2 + 2);
+        for (int64_t j = 0; j < n; j++) bf[j] = (float)((int)(rnd() % 2001) - 1000) / 7.0f;
+        if (g->bias_t == FP8MIX_F32) {
+            p->bias = bf;
+            free(bh);
+        } else {
+            for (int64_t j = 0; j < n; j++) bh[j] = (uint16_t)(rnd() & 0x3BFF); /* finite */
+            p->bias = bh;
+            free(bf);
+        }
+        g->bias = p->bias;
+    }
+}
+
+static void free_problem(problem *p)
+{
+    free(p->a); free(p->b); free(p->sa); free(p->sb); free(p->bias);
+}
+
+static size_t out_bytes(const fp8mix_gemm_args *g)
+{
+    return (size_t)(g->m * g->ldo) * (g->out_t == FP8MIX_F32 ? 4 : 2) + 4;
+}
+
+static double bias_at(const fp8mix_gemm_args *g, int64_t j)
+{
+    if (!g->bias) return 0.0;
+    if (g->bias_t == FP8MIX_F32) return ((const float *)g->bias)[j];
+    uint16_t h = ((const uint16_t *)g->bias)[j];
+    if (g->bias_t == FP8MIX_BF16) {
+        uint32_t u = (uint32_t)h << 16;
+        float f;
+        memcpy(&f, &u, 4);
+        return f;
+    }
+    /* f16 */
+    int e = (h >> 10) & 31, mnt = h & 1023;
+    double v = e ? ldexp(1.0 + mnt / 1024.0, e - 15) : ldexp(mnt / 1024.0, -14);
+    return (h & 0x8000) ? -v : v;
+}
+
+/* float64 oracle of the exact math (no float32 rounding anywhere). */
+static double *oracle(const fp8mix_gemm_args *g)
+{
+    double *o = malloc((size_t)(g->m * g->n + 1) * sizeof(double));
+    int64_t nkb = (g->k + 127) / 128, nnb = (g->n + 127) / 128;
+    for (int64_t i = 0; i < g->m; i++)
+        for (int64_t j = 0; j < g->n; j++) {
+            double tot = 0.0;
+            for (int64_t p0 = 0; p0 < g->k || (p0 == 0 && g->k == 0); p0 += 128) {
+                int64_t p1 = g->scale_a_kind == FP8MIX_MM_SCALE_BLOCK
+                                 ? (p0 + 128 < g->k ? p0 + 128 : g->k)
+                                 : g->k;
+                double s = 0.0;
+                for (int64_t p = p0; p < p1; p++) {
+                    uint8_t bq = g->b_layout == FP8MIX_B_KN ? g->b[p * g->ldb + j]
+                                                            : g->b[j * g->ldb + p];
+                    s += (double)fp8mix_decode_ref(g->a[i * g->lda + p], g->fmt_a) *
+                         (double)fp8mix_decode_ref(bq, g->fmt_b);
+                }
+                if (g->scale_a_kind == FP8MIX_MM_SCALE_BLOCK) {
+                    tot += s * (double)(g->scale_a[i * nkb + p0 / 128] *
+                                        g->scale_b[(p0 / 128) * nnb + j / 128]);
+                } else {
+                    double sa = g->scale_a[g->scale_a_kind == FP8MIX_MM_SCALE_TENSOR ? 0 : i];
+                    double sb = g->scale_b[g->scale_b_kind == FP8MIX_MM_SCALE_TENSOR ? 0 : j];
+                    tot = s * sa * sb;
+                    break;
+                }
+                if (p1 >= g->k) break;
+            }
+            o[i * g->n + j] = tot + bias_at(g, j);
+        }
+    return o;
+}
+
+/* Relative Frobenius error of a float32 output against the oracle. */
+static double rel_err(const fp8mix_gemm_args *g, const float *out, const double *o)
+{
+    double num = 0.0, den = 0.0;
+    for (int64_t i = 0; i < g->m; i++)
+        for (int64_t j = 0; j < g->n; j++) {
+            double d = (double)out[i * g->ldo + j] - o[i * g->n + j];
+            num += d * d;
+            den += o[i * g->n + j] * o[i * g->n + j];
+        }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* Compare the m x n valid region of two outputs bit for bit. */
+static int same_out(const fp8mix_gemm_args *g, const void *x, const void *y)
+{
+    size_t es = g->out_t == FP8MIX_F32 ? 4 : 2;
+    for (int64_t i = 0; i < g->m; i++)
+        if (memcmp((const char *)x + (size_t)(i * g->ldo) * es,
+                   (const char *)y + (size_t)(i * g->ldo) * es, (size_t)g->n * es))
+            return 0;
+    return 1;
+}
+
+static const fp8mix_isa isas[] = {FP8MIX_ISA_SCALAR, FP8MIX_ISA_AVX2, FP8MIX_ISA_AVX512,
+                                  FP8MIX_ISA_AVX512BF16};
+
+/* Run p on every ISA (and both thread counts when `threads`), compare with the
+ * reference bit for bit; for F32 output compare with float64. */
+static void check_problem(problem *p, int threads, double tol)
+{
+    fp8mix_gemm_args g = p->g;
+    size_t nb = out_bytes(&g);
+    void *ref = malloc(nb), *out = malloc(nb);
+    memset(ref, 0, nb);
+    g.out = ref;
+    fp8mix_status st = fp8mix_gemm_ref(&g);
+    CHECK(st == FP8MIX_OK, "ref status %d", st);
+    if (g.out_t == FP8MIX_F32 && tol > 0) {
+        double *o = oracle(&g);
+        double e = rel_err(&g, (const float *)ref, o);
+        CHECK(e <= tol, "m=%lld n=%lld k=%lld fa=%d fb=%d lay=%d kind=%d err=%g",
+              (long long)g.m, (long long)g.n, (long long)g.k, g.fmt_a, g.fmt_b,
+              g.b_layout, g.scale_a_kind, e);
+        free(o);
+    }
+    fp8mix_isa best = fp8mix_cpu_isa();
+    for (int t = 1; t <= (threads ? 2 : 1); t++) {
+        fp8mix_set_num_threads(threads ? t : 0);
+        for (size_t v = 0; v < sizeof isas / sizeof isas[0] && isas[v] <= best; v++) {
+            fp8mix_set_max_isa(isas[v]);
+            memset(out, 0, nb);
+            g.out = out;
+            st = fp8mix_gemm(&g);
+            CHECK(st == FP8MIX_OK && same_out(&g, ref, out),
+                  "isa=%s threads=%d m=%lld n=%lld k=%lld fa=%d fb=%d lay=%d kind=%d "
+                  "out=%d bias=%d accum=%d st=%d",
+                  fp8mix_isa_name(isas[v]), t, (long long)g.m, (long long)g.n,
+                  (long long)g.k, g.fmt_a, g.fmt_b, g.b_layout, g.scale_a_kind, g.out_t,
+                  g.bias != NULL, g.accum, st);
+        }
+    }
+    fp8mix_set_max_isa(FP8MIX_ISA_AVX512BF16);
+    fp8mix_set_num_threads(0);
+    free(ref);
+    free(out);
+}
+
+static void test_shapes(void)
+{
+    static const int64_t shapes[][3] = {
+        {1, 1, 1},    {1, 1, 2},     {2, 3, 1},     {1, 37, 5},    {13, 1, 129},
+        {14, 32, 128}, {15, 33, 127}, {28, 64, 256}, {29, 65, 257}, {17, 31, 200},
+        {31, 17, 383}, {6, 16, 3},    {7, 15, 130},  {67, 97, 61},  {43, 129, 300},
+        {3, 100, 700}, {100, 5, 511}, {1, 130, 1000},
+    };
+    int n = (int)(sizeof shapes / sizeof shapes[0]);
+    for (int s = 0; s < n; s++) {
+        for (int c = 0; c < 6; c++) {
+            problem p;
+            fp8mix_format fa = (fp8mix_format)((s + c) & 1), fb = (fp8mix_format)(((s + c) >> 1) & 1);
+            fp8mix_b_layout lay = (fp8mix_b_layout)(c & 1);
+            fp8mix_mm_scale kind = (fp8mix_mm_scale)(c % 3);
+            fp8mix_dtype out_t = (fp8mix_dtype)((s + c) % 3 == 2 ? (c & 2 ? 1 : 2) : 0);
+            make_problem(&p, shapes[s][0], shapes[s][1], shapes[s][2], fa, fb, lay, kind,
+                         (c + s) & 1, out_t, FP8MIX_ACCUM_FP32, 0);
+            check_problem(&p, 0, 1e-6);
+            free_problem(&p);
+        }
+    }
+    /* Every format pair x layout x scale kind x bias on one awkward shape. */
+    for (int fa = 0; fa < 2; fa++)
+        for (int fb = 0; fb < 2; fb++)
+            for (int lay = 0; lay < 2; lay++)
+                for (int kind = 0; kind < 3; kind++)
+                    for (int bias = 0; bias < 2; bias++) {
+                        problem p;
+                        make_problem(&p, 19, 45, 259, (fp8mix_format)fa, (fp8mix_format)fb,
+                                     (fp8mix_b_layout)lay, (fp8mix_mm_scale)kind, bias,
+                                     FP8MIX_F32, FP8MIX_ACCUM_FP32, 0);
+                        check_problem(&p, 0, 1e-6);
+                        free_problem(&p);
+                    }
+    /* Every output dtype. */
+    for (int ot = 0; ot < 3; ot++) {
+        problem p;
+        make_problem(&p, 9, 70, 140, FP8MIX_E4M3, FP8MIX_E5M2, FP8MIX_B_NK,
+                     FP8MIX_MM_SCALE_BLOCK, 1, (fp8mix_dtype)ot, FP8MIX_ACCUM_FP32, 0);
+        check_problem(&p, 0, 1e-6);
+        free_problem(&p);
+    }
+}
+
+/* Big enough to use threads, column splits, and (huge K) several packed
+ * chunks of B columns or of A rows. */
+static void test_threads(void)
+{
+    static const int64_t shapes[][3] = {
+        {150, 300, 400}, {3, 100, 70001}, {40, 1030, 900}, {200, 20, 40001}};
+    for (int s = 0; s < 4; s++)
+        for (int kind = 0; kind < 3; kind += 2) {
+            problem p;
+            make_problem(&p, shapes[s][0], shapes[s][1], shapes[s][2], FP8MIX_E4M3,
+                         FP8MIX_E4M3, (fp8mix_b_layout)(s & 1), (fp8mix_mm_scale)kind, 1,
+                         FP8MIX_F32, FP8MIX_ACCUM_FP32, 0);
+            check_problem(&p, 1, s == 0 ? 1e-6 : 0);
+            free_problem(&p);
+        }
+}
+
+static void test_k_zero(void)
+{
+    for (int kind = 0; kind < 3; kind++)
+        for (int bias = 0; bias < 2; bias++) {
+            problem p;
+            make_problem(&p, 5, 7, 0, FP8MIX_E4M3, FP8MIX_E4M3, FP8MIX_B_KN,
+                         (fp8mix_mm_scale)kind, bias, FP8MIX_F32, FP8MIX_ACCUM_FP32, 0);
+            float out[5 * 9];
+            for (int i = 0; i < 5 * 9; i++) out[i] = 123.0f;
+            p.g.out = out;
+            CHECK(fp8mix_gemm(&p.g) == FP8MIX_OK, "k=0");
+            int good = 1;
+            for (int i = 0; i < 5; i++)
+                for (int j = 0; j < 7; j++)
+                    good &= out[i * p.g.ldo + j] == (float)bias_at(&p.g, j);
+            CHECK(good, "k=0 gives bias or zeros (kind %d bias %d)", kind, bias);
+            free_problem(&p);
+        }
+    /* Empty output: OK, nothing touched, NULL pointers allowed. */
+    fp8mix_gemm_args g;
+    memset(&g, 0, sizeof g);
+    g.m = 0; g.n = 5; g.k = 3; g.lda = 3; g.ldb = 5; g.ldo = 5;
+    CHECK(fp8mix_gemm(&g) == FP8MIX_OK, "m=0");
+    g.m = 4; g.n = 0; g.ldb = 1; g.ldo = 1;  /* ld >= 1 whenever rows > 0 */
+    CHECK(fp8mix_gemm(&g) == FP8MIX_OK, "n=0");
+}
+
+/* FP22: bit-exact against the reference; error grows without promotion. */
+static void test_fp22(void)
+{
+    static const int64_t shapes[][3] = {{3, 5, 300}, {17, 300, 129}, {4, 33, 1000}};
+    for (int s = 0; s < 3; s++)
+        for (int kind = 0; kind < 3; kind++) {
+            problem p;
+            make_problem(&p, shapes[s][0], shapes[s][1], shapes[s][2], (fp8mix_format)(s & 1),
+                         FP8MIX_E4M3, (fp8mix_b_layout)(kind & 1), (fp8mix_mm_scale)kind, s & 1,
+                         FP8MIX_F32, FP8MIX_ACCUM_FP22, (int64_t[]){0, 128, 37}[s]);
+            check_problem(&p, s == 1, 0);
+            free_problem(&p);
+        }
+
+    /* All-positive inputs, K = 16384: the unpromoted 14-bit accumulator loses
+     * small addends once the sum is large; promotion every 128 keeps it close. */
+    problem p;
+    int64_t K = 16384;
+    make_problem(&p, 4, 4, K, FP8MIX_E4M3, FP8MIX_E4M3, FP8MIX_B_NK, FP8MIX_MM_SCALE_TENSOR, 0,
+                 FP8MIX_F32, FP8MIX_ACCUM_FP22, 0);
+    for (int64_t i = 0; i < 4 * p.g.lda; i++) p.a[i] = (uint8_t)(0x30 + rnd() % 0x10); /* 0.5..0.94 */
+    for (int64_t i = 0; i < 4 * p.g.ldb; i++) p.b[i] = (uint8_t)(0x30 + rnd() % 0x10);
+    double *o = oracle(&p.g);
+    float out0[4 * 8], out128[4 * 8], out32[4 * 8];
+    p.g.out = out0;
+    CHECK(fp8mix_gemm(&p.g) == FP8MIX_OK, "fp22");
+    p.g.promote_interval = 128;
+    p.g.out = out128;
+    CHECK(fp8mix_gemm(&p.g) == FP8MIX_OK, "fp22 promoted");
+    p.g.accum = FP8MIX_ACCUM_FP32;
+    p.g.out = out32;
+    CHECK(fp8mix_gemm(&p.g) == FP8MIX_OK, "fp32");
+    p.g.accum = FP8MIX_ACCUM_FP22;
+    double e0 = rel_err(&p.g, out0, o), e128 = rel_err(&p.g, out128, o);
+    double e32 = rel_err(&p.g, out32, o);
+    CHECK(e0 > 10 * e128, "fp22 unpromoted err %g vs promoted %g", e0, e128);
+    printf("fp22 K=16384 rel err: unpromoted %.3g, promoted/128 %.3g, fp32 %.3g\n", e0, e128, e32);
+    CHECK(e0 > 1e-2 && e128 < 2e-3 && e32 < 1e-6, "fp22 errs %g %g fp32 %g", e0, e128, e32);
+    /* Every FP22 sum is truncated, so without promotion it underestimates. */
+    int below = 1;
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 4; j++) below &= out0[i * p.g.ldo + j] < o[i * 4 + j];
+    CHECK(below, "fp22 truncation rounds toward zero");
+    free(o);
+    free_problem(&p);
+}
+
+/* NaN and inf inputs propagate; no crash. */
+static void test_nonfinite(void)
+{
+    fp8mix_isa best = fp8mix_cpu_isa();
+    for (size_t v = 0; v < sizeof isas / sizeof isas[0] && isas[v] <= best; v++) {
+        fp8mix_set_max_isa(isas[v]);
+        for (int accum = 0; accum < 2; accum++) {
+            problem p;
+            make_problem(&p, 20, 40, 50, FP8MIX_E5M2, FP8MIX_E4M3, FP8MIX_B_NK,
+                         FP8MIX_MM_SCALE_TENSOR, 0, FP8MIX_F32, (fp8mix_accum)accum, 0);
+            /* row 0 of A: a NaN; row 1: +inf then zeros; B > 0 everywhere. */
+            for (int64_t i = 0; i < 40 * p.g.ldb; i++) p.b[i] = (uint8_t)(0x38 + rnd() % 8);
+            memset(p.a + p.g.lda, 0, (size_t)p.g.lda);
+            p.a[3] = 0x7F;               /* E5M2 NaN */
+            p.a[p.g.lda + 7] = 0x7C;     /* E5M2 +inf */
+            float *out = malloc(out_bytes(&p.g));
+            p.g.out = out;
+            CHECK(fp8mix_gemm(&p.g) == FP8MIX_OK, "nonfinite status");
+            int nan_row = 1, inf_row = 1, rest = 1;
+            for (int64_t j = 0; j < 40; j++) {
+                nan_row &= isnan(out[j]);
+                inf_row &= isinf(out[p.g.ldo + j]) && out[p.g.ldo + j] > 0;
+                for (int64_t i = 2; i < 20; i++) rest &= isfinite(out[i * p.g.ldo + j]);
+            }
+            CHECK(nan_row && inf_row && rest, "isa %s accum %d: nan %d inf %d finite %d",
+                  fp8mix_isa_name(isas[v]), accum, nan_row, inf_row, rest);
+            free(out);
+            free_problem(&p);
+        }
+    }
+    fp8mix_set_max_isa(FP8MIX_ISA_AVX512BF16);
+}
+
+static void test_bad_args(void)
+{
+    problem p;
+    make_problem(&p, 4, 6, 130, FP8MIX_E4M3, FP8MIX_E4M3, FP8MIX_B_NK, FP8MIX_MM_SCALE_BLOCK, 1,
+                 FP8MIX_F32, FP8MIX_ACCUM_FP32, 0);
+    float out[4 * 8];
+    p.g.out = out;
+    CHECK(fp8mix_gemm(&p.g) == FP8MIX_OK, "baseline");
+    CHECK(fp8mix_gemm(NULL) == FP8MIX_ERR_NULL_POINTER, "NULL args");
+#define EXPECT(field, value, status)                                                       \
+    do {                                                                                   \
+        fp8mix_gemm_args g = p.g;                                                          \
+        g.field = value;                                                                   \
+        for (int i = 0; i < 4 * 8; i++) out[i] = 77.0f;                                    \
+        fp8mix_status st = fp8mix_gemm(&g);                                                \
+        int untouched = 1;                                                                 \
+        for (int i = 0; i < 4 * 8; i++) untouched &= out[i] == 77.0f;                      \
+        CHECK(st == (status) && untouched, #field " = " #value ": got %d", st);            \
+        CHECK(fp8mix_gemm_ref(&g) == (status), "ref: " #field " = " #value);              \
+    } while (0)
+    EXPECT(m, -1, FP8MIX_ERR_BAD_SHAPE);
+    EXPECT(k, -2, FP8MIX_ERR_BAD_SHAPE);
+    EXPECT(lda, 129, FP8MIX_ERR_BAD_SHAPE);
+    EXPECT(ldb, 100, FP8MIX_ERR_BAD_SHAPE);  /* NK: ldb >= k */
+    EXPECT(ldo, 5, FP8MIX_ERR_BAD_SHAPE);
+    EXPECT(a, NULL, FP8MIX_ERR_NULL_POINTER);
+    EXPECT(b, NULL, FP8MIX_ERR_NULL_POINTER);
+    EXPECT(out, NULL, FP8MIX_ERR_NULL_POINTER);
+    EXPECT(scale_a, NULL, FP8MIX_ERR_NULL_POINTER);
+    EXPECT(fmt_a, (fp8mix_format)2, FP8MIX_ERR_BAD_ENUM);
+    EXPECT(fmt_b, (fp8mix_format)-1, FP8MIX_ERR_BAD_ENUM);
+    EXPECT(out_t, (fp8mix_dtype)3, FP8MIX_ERR_BAD_ENUM);
+    EXPECT(bias_t, (fp8mix_dtype)9, FP8MIX_ERR_BAD_ENUM);
+    EXPECT(b_layout, (fp8mix_b_layout)2, FP8MIX_ERR_BAD_ENUM);
+    EXPECT(accum, (fp8mix_accum)5, FP8MIX_ERR_BAD_ENUM);
+    EXPECT(scale_b_kind, (fp8mix_mm_scale)3, FP8MIX_ERR_BAD_ENUM);
+    EXPECT(scale_b_kind, FP8MIX_MM_SCALE_TENSOR, FP8MIX_ERR_BAD_ARG);
+    EXPECT(promote_interval, -1, FP8MIX_ERR_BAD_ARG);
+    const float bad[] = {0.0f, -1.0f, NAN, INFINITY};
+    for (int s = 0; s < 4; s++) {
+        float keep_a = p.sa[p.nsa - 1], keep_b = p.sb[0];
+        p.sa[p.nsa - 1] = bad[s];
+        EXPECT(m, 4, FP8MIX_ERR_BAD_SCALE);
+        p.sa[p.nsa - 1] = keep_a;
+        p.sb[0] = bad[s];
+        EXPECT(m, 4, FP8MIX_ERR_BAD_SCALE);
+        p.sb[0] = keep_b;
+    }
+#undef EXPECT
+    free_problem(&p);
+}
+
+int main(void)
+{
+    test_shapes();
+    test_threads();
+    test_k_zero();
+    test_fp22();
+    test_nonfinite();
+    test_bad_args();
+    return check_report("test_gemm");
+}
