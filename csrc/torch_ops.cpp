@@ -11,6 +11,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <cmath>
+#include <cstring>
 #include <string>
 
 #include "fp8mix.h"
@@ -252,6 +254,98 @@ at::Tensor dequantize_cpu(const at::Tensor &q, const at::Tensor &scale_inv, int6
     return out;
 }
 
+// b's layout for the C GEMM: column-major (K, N) is the transposed row-major
+// weight torch._scaled_mm wants; row-major (K, N) is accepted too.
+struct BView {
+    at::Tensor t;
+    fp8mix_b_layout layout;
+    int64_t ld;
+};
+
+BView b_view(const at::Tensor &b)
+{
+    const int64_t K = b.size(0), N = b.size(1);
+    if (b.stride(0) == 1 && (N <= 1 || b.stride(1) >= K) && K > 0)
+        return {b, FP8MIX_B_NK, N > 1 ? b.stride(1) : K};
+    if (b.stride(1) == 1 && (K <= 1 || b.stride(0) >= N) && N > 0)
+        return {b, FP8MIX_B_KN, K > 1 ? b.stride(0) : N};
+    return {b.contiguous(), FP8MIX_B_KN, N > 0 ? N : 1};
+}
+
+fp8mix_mm_scale mm_scale_kind(const at::Tensor &s, int64_t outer, int64_t blocks_k, int64_t blocks_outer,
+                              bool is_a, bool block_mode)
+{
+    const char *name = is_a ? "scale_a" : "scale_b";
+    TORCH_CHECK_TYPE(s.scalar_type() == at::kFloat, "fp8mix.scaled_mm: ", name, " must be float32, got ",
+                     s.scalar_type());
+    check_cpu(s, "scaled_mm", name);
+    if (block_mode) return FP8MIX_MM_SCALE_BLOCK;
+    if (s.numel() == 1 && s.dim() <= 2) return FP8MIX_MM_SCALE_TENSOR;
+    if (s.dim() == 2 && (is_a ? (s.size(0) == outer && s.size(1) == 1) : (s.size(0) == 1 && s.size(1) == outer)))
+        return FP8MIX_MM_SCALE_OUTER;
+    TORCH_CHECK_VALUE(false, "fp8mix.scaled_mm: ", name, " has shape ", s.sizes(), "; expected a single value, ",
+                      is_a ? "(M, 1) per row, or (M, ceil(K/128)) per 1x128 block"
+                           : "(1, N) per column, or (ceil(K/128), ceil(N/128)) per 128x128 block",
+                      " (M, N, K, ceil(K/128), ceil(outer/128) = ", outer, ", ", blocks_k, ", ", blocks_outer, ")");
+    return FP8MIX_MM_SCALE_TENSOR;
+}
+
+at::Tensor scaled_mm_cpu(const at::Tensor &a, const at::Tensor &b, const at::Tensor &scale_a,
+                         const at::Tensor &scale_b, const c10::optional<at::Tensor> &bias,
+                         c10::optional<at::ScalarType> out_dtype, c10::string_view accumulate,
+                         int64_t promote_interval)
+{
+    const char *op = "scaled_mm";
+    check_cpu(a, op, "a");
+    check_cpu(b, op, "b");
+    TORCH_CHECK_VALUE(a.dim() == 2 && b.dim() == 2, "fp8mix.scaled_mm: a and b must be 2-D, got ", a.dim(),
+                      "-D and ", b.dim(), "-D");
+    fp8mix_format fa = fp8_format(a.scalar_type(), op), fb = fp8_format(b.scalar_type(), op);
+    const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
+    TORCH_CHECK_VALUE(b.size(0) == K, "fp8mix.scaled_mm: inner dimensions differ: a is ", a.sizes(), ", b is ",
+                      b.sizes());
+    at::ScalarType odt = out_dtype.value_or(at::kFloat);
+    fp8mix_dtype ot = hp_dtype(odt, op);
+    TORCH_CHECK_VALUE(accumulate == "fp32" || accumulate == "fp22",
+                      "fp8mix.scaled_mm: accumulate must be 'fp32' or 'fp22', got '", std::string(accumulate), "'");
+    TORCH_CHECK_VALUE(promote_interval >= 0, "fp8mix.scaled_mm: promote_interval must be >= 0");
+    at::Tensor ac = (a.stride(1) == 1 && (M <= 1 || a.stride(0) >= K)) ? a : a.contiguous();
+    const int64_t lda = M > 1 ? ac.stride(0) : (K > 0 ? K : 1);
+    BView bv = b_view(b);
+    const int64_t kb = (K + 127) / 128, mb = (M + 127) / 128, nb = (N + 127) / 128;
+    (void)mb;
+    bool block_mode = scale_a.dim() == 2 && scale_b.dim() == 2 && scale_a.size(0) == M &&
+                      scale_a.size(1) == kb && scale_b.size(0) == kb && scale_b.size(1) == nb &&
+                      !(scale_a.numel() == 1 && scale_b.numel() == 1);
+    fp8mix_mm_scale ka = mm_scale_kind(scale_a, M, kb, mb, true, block_mode);
+    fp8mix_mm_scale kb_ = mm_scale_kind(scale_b, N, kb, nb, false, block_mode);
+    at::Tensor sa = scale_a.contiguous(), sb = scale_b.contiguous();
+    at::Tensor bias_t;
+    fp8mix_dtype bt = FP8MIX_F32;
+    if (bias.has_value() && bias->defined()) {
+        bias_t = bias->contiguous();
+        check_cpu(bias_t, op, "bias");
+        bt = hp_dtype(bias_t, op, "bias");
+        TORCH_CHECK_VALUE(bias_t.dim() == 1 && bias_t.size(0) == N, "fp8mix.scaled_mm: bias must have shape (",
+                          N, "), got ", bias_t.sizes());
+    }
+    at::Tensor out = at::empty({M, N}, a.options().dtype(odt));
+    fp8mix_gemm_args g;
+    memset(&g, 0, sizeof g);
+    g.m = M; g.n = N; g.k = K;
+    g.a = (const uint8_t *)ac.data_ptr(); g.fmt_a = fa; g.lda = lda;
+    g.b = (const uint8_t *)bv.t.data_ptr(); g.fmt_b = fb; g.ldb = bv.ld; g.b_layout = bv.layout;
+    g.scale_a = sa.data_ptr<float>(); g.scale_a_kind = ka;
+    g.scale_b = sb.data_ptr<float>(); g.scale_b_kind = kb_;
+    g.bias = bias_t.defined() ? bias_t.data_ptr() : nullptr; g.bias_t = bt;
+    g.out = out.data_ptr(); g.out_t = ot; g.ldo = N > 0 ? N : 1;
+    g.accum = accumulate == "fp22" ? FP8MIX_ACCUM_FP22 : FP8MIX_ACCUM_FP32;
+    g.promote_interval = promote_interval;
+    sync_threads();
+    check_status(fp8mix_gemm(&g), op, "scales must be finite and > 0");
+    return out;
+}
+
 std::string cpu_isa() { return fp8mix_isa_name(fp8mix_active_isa()); }
 
 void set_max_isa(std::string name)
@@ -281,6 +375,8 @@ TORCH_LIBRARY(fp8mix, m)
     m.def("compute_scale(Tensor amax, ScalarType fp8_dtype, int margin=0, bool power_2_scale=False, "
           "float amax_epsilon=0.0) -> (Tensor scale, Tensor scale_inv)");
     m.def("dequantize(Tensor q, Tensor scale_inv, int granularity, ScalarType out_dtype) -> Tensor");
+    m.def("scaled_mm(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, Tensor? bias=None, "
+          "ScalarType? out_dtype=None, str accumulate='fp32', int promote_interval=128) -> Tensor");
     m.def("cpu_isa() -> str", &cpu_isa);
     m.def("set_max_isa(str name) -> ()", &set_max_isa);
 }
@@ -292,4 +388,5 @@ TORCH_LIBRARY_IMPL(fp8mix, CPU, m)
     m.impl("amax", &amax_cpu);
     m.impl("compute_scale", &compute_scale_cpu);
     m.impl("dequantize", &dequantize_cpu);
+    m.impl("scaled_mm", &scaled_mm_cpu);
 }

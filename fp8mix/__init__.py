@@ -3,6 +3,7 @@
 Bit-exact E4M3/E5M2 casting with scaling and amax tracking, in C kernels that
 run on any CPU (SIMD chosen at run time) and, where built, on NVIDIA GPUs.
 """
+from .gemm import scaled_mm
 from .formats import Format, fp8_dtype, fp8_max
 from .ops import cpu_isa, set_max_isa
 from .quantize import amax, cast_transpose, dequantize, quantize
@@ -12,5 +13,5 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Format", "Float8Tensor", "quantize", "dequantize", "amax", "cast_transpose",
-    "fp8_dtype", "fp8_max", "cpu_isa", "set_max_isa",
+    "scaled_mm", "fp8_dtype", "fp8_max", "cpu_isa", "set_max_isa",
 ]

@@ -11,7 +11,7 @@ from . import _C  # noqa: F401  (loading it registers torch.ops.fp8mix)
 
 _ops = torch.ops.fp8mix
 
-__all__ = ["cast", "quantize_current", "amax", "compute_scale", "dequantize", "cpu_isa", "set_max_isa"]
+__all__ = ["cast", "quantize_current", "amax", "compute_scale", "dequantize", "scaled_mm", "cpu_isa", "set_max_isa"]
 
 
 def _rows_cols(x: torch.Tensor):
@@ -66,11 +66,17 @@ def _dequantize_fake(q, scale_inv, granularity, out_dtype):
     return q.new_empty(q.shape, dtype=out_dtype)
 
 
+@torch.library.register_fake("fp8mix::scaled_mm")
+def _scaled_mm_fake(a, b, scale_a, scale_b, bias=None, out_dtype=None, accumulate="fp32", promote_interval=128):
+    return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype or torch.float32)
+
+
 cast = _ops.cast
 quantize_current = _ops.quantize_current
 amax = _ops.amax
 compute_scale = _ops.compute_scale
 dequantize = _ops.dequantize
+scaled_mm = _ops.scaled_mm
 
 
 def cpu_isa() -> str:

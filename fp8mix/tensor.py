@@ -58,6 +58,18 @@ class Float8Tensor:
         """The represented values, ``data * scale_inv``, rounded once to `dtype`."""
         return ops.dequantize(self.data, self.scale_inv, GRANULARITIES[self.granularity], dtype)
 
+    def t(self) -> "Float8Tensor":
+        """The 2-D transpose as a view (for GEMM operands: ``scaled_mm(x8, w8.t())``).
+        Defined for per-tensor and 128x128-block scaling, whose tiles stay tiles."""
+        if self.data.dim() != 2:
+            raise ValueError("Float8Tensor.t() needs a 2-D tensor")
+        if self.granularity == "tensor":
+            return Float8Tensor(self.data.t(), self.scale_inv, self.amax, "tensor")
+        if self.granularity == "block2d":
+            am = self.amax.t() if self.amax is not None and self.amax.dim() == 2 else self.amax
+            return Float8Tensor(self.data.t(), self.scale_inv.t(), am, "block2d")
+        raise ValueError(f"Float8Tensor.t(): {self.granularity!r} scales do not describe the transpose")
+
     def __repr__(self) -> str:
         return (f"Float8Tensor(shape={tuple(self.shape)}, fmt={self.fmt!r}, granularity={self.granularity!r}, "
                 f"scale_inv={self.scale_inv if self.scale_inv.numel() <= 4 else tuple(self.scale_inv.shape)})")

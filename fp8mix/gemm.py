@@ -1,0 +1,61 @@
+"""fp8mix.scaled_mm: the scaled FP8 GEMM with torch._scaled_mm's contract.
+
+out = (a * scale_a) @ (b * scale_b) + bias, with scale_a / scale_b the
+dequantisation factors (the operands' scale_inv). The kernel is C (csrc/core/gemm.c).
+"""
+from __future__ import annotations
+
+import torch
+
+from . import ops
+from .tensor import Float8Tensor
+
+__all__ = ["scaled_mm"]
+
+_OUT = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _operand_scale(t: Float8Tensor, is_a: bool) -> torch.Tensor:
+    s = t.scale_inv
+    if t.granularity == "tensor":
+        return s.reshape(())
+    if is_a and t.granularity in ("row", "block"):
+        return s.reshape(t.data.shape[0], -1)
+    if not is_a and t.granularity == "block2d":
+        return s
+    raise ValueError(f"fp8mix.scaled_mm: a {'left' if is_a else 'right'} operand with {t.granularity!r} "
+                     "scaling has no GEMM scale layout (a: tensor/row/block; b: tensor/block2d)")
+
+
+def scaled_mm(a, b, scale_a=None, scale_b=None, *, bias=None, out_dtype=torch.float32,
+              accumulate: str = "fp32", promote_interval: int = 128) -> torch.Tensor:
+    """FP8 matrix product with scales, as ``torch._scaled_mm``.
+
+    Args:
+        a: FP8 (M, K) tensor (float8_e4m3fn or float8_e5m2), or a :class:`Float8Tensor`.
+        b: FP8 (K, N) tensor, column-major (``w.t()`` of a row-major (N, K) weight, as torch
+            requires) or row-major; or a :class:`Float8Tensor` (then omit the scales).
+        scale_a: float32 dequantisation factors of `a`: one value, (M, 1) per row, or
+            (M, ceil(K/128)) per 1x128 tile (DeepSeek-V3 blocks; then `scale_b` must be blocks too).
+        scale_b: one value, (1, N) per column, or (ceil(K/128), ceil(N/128)) per 128x128 block.
+        bias: optional (N,) tensor, float32 or `out_dtype`, added before the final rounding.
+        out_dtype: float32 (default), bfloat16 or float16.
+        accumulate: ``"fp32"`` (exact products, float32 sums) or ``"fp22"``: an emulation of
+            Hopper tensor cores' ~14-bit accumulator (partials truncated to 13 mantissa bits),
+            promoted to float32 every `promote_interval` products (0 = never; DeepSeek-V3 uses 128).
+
+    Every format pair is supported on CPU (E4M3/E5M2 x E4M3/E5M2), and any M, N, K >= 0.
+    """
+    if isinstance(a, Float8Tensor) or isinstance(b, Float8Tensor):
+        if not (isinstance(a, Float8Tensor) and isinstance(b, Float8Tensor)):
+            raise TypeError("fp8mix.scaled_mm: pass two Float8Tensors, or two FP8 tensors and their scales")
+        if scale_a is not None or scale_b is not None:
+            raise ValueError("fp8mix.scaled_mm: Float8Tensor operands carry their own scales")
+        scale_a, scale_b = _operand_scale(a, True), _operand_scale(b, False)
+        a, b = a.data, b.data
+    for name, t in (("a", a), ("b", b), ("scale_a", scale_a), ("scale_b", scale_b)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"fp8mix.scaled_mm: {name} must be a tensor, got {type(t).__name__}")
+    if out_dtype not in _OUT:
+        raise TypeError(f"fp8mix.scaled_mm: out_dtype must be float32, bfloat16 or float16, got {out_dtype}")
+    return ops.scaled_mm(a, b, scale_a, scale_b, bias, out_dtype, accumulate, promote_interval)
