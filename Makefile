@@ -68,7 +68,6 @@ cuda-check:
 # ---- the two commands of the README -------------------------------------
 $(VENV)/.ready: requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -r requirements-dev.txt
 	touch $@
 

@@ -1,0 +1,135 @@
+"""Scaling recipes: where each FP8 tensor's scale comes from.
+
+- :class:`DelayedScaling` (default): scales from a history of past amaxes (no extra
+  pass over the data; a sudden spike saturates until the history catches up).
+- :class:`CurrentScaling`: the tensor's own amax right before the cast (one extra read).
+- :class:`BlockScaling`: DeepSeek-V3 style 1x128 tiles for activations and gradients,
+  128x128 blocks for weights, each with its own current scale.
+
+Tensor roles of a linear layer: ``"input"`` and ``"weight"`` (forward, E4M3 under
+HYBRID) and ``"grad_output"`` (backward, E5M2 under HYBRID).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Union
+
+from .formats import Format
+
+__all__ = ["DelayedScaling", "CurrentScaling", "BlockScaling", "Float8CurrentScaling", "Float8BlockScaling",
+           "ROLES", "role_format"]
+
+ROLES = ("input", "weight", "grad_output")
+
+
+def _check_format(fmt, allowed=(Format.E4M3, Format.E5M2, Format.HYBRID)):
+    if isinstance(fmt, str):
+        try:
+            fmt = Format[fmt.upper()]
+        except KeyError:
+            raise ValueError(f"unknown fp8_format {fmt!r}") from None
+    if fmt not in allowed:
+        raise ValueError(f"fp8_format must be one of {[f.name for f in allowed]}, got {fmt!r}")
+    return fmt
+
+
+def _check_bool(name, v):
+    if not isinstance(v, bool):
+        raise TypeError(f"{name} must be a bool, got {type(v).__name__}")
+
+
+def role_format(fmt: Format, role: str) -> Format:
+    """The encoding a tensor role gets under `fmt` (HYBRID: E5M2 for gradients only)."""
+    if fmt is Format.HYBRID:
+        return Format.E5M2 if role == "grad_output" else Format.E4M3
+    return fmt
+
+
+@dataclasses.dataclass
+class DelayedScaling:
+    """Delayed scaling, as Transformer Engine's default recipe.
+
+    Each layer keeps, per tensor role, a history of the last `amax_history_len` amaxes.
+    The scale used for a cast is ``fp8_max / amax / 2**margin`` where amax is the max of
+    the history (``"max"``), its newest entry (``"most_recent"``) or a callable on the
+    (L,) history tensor. The history rolls once per use of the role: every forward call
+    of the layer records the amax of its input and weight, every backward call the amax
+    of its grad_output (see fp8mix.linear for why). Scales are recomputed every
+    `interval` such steps. An amax of 0 or not finite keeps the previous scale; a scale
+    that would be infinite becomes the largest float32. The first cast of a role (empty
+    history) uses the tensor's own amax instead of an uninitialised scale of 1.
+    """
+
+    margin: int = 0
+    interval: int = 1
+    fp8_format: Format = Format.HYBRID
+    amax_history_len: int = 1024
+    amax_compute_algo: Union[str, Callable] = "max"
+    power_2_scale: bool = False
+
+    def __post_init__(self):
+        if not isinstance(self.margin, int) or isinstance(self.margin, bool) or not 0 <= self.margin <= 126:
+            raise ValueError(f"DelayedScaling.margin must be an int in [0, 126], got {self.margin!r}")
+        if not isinstance(self.interval, int) or isinstance(self.interval, bool) or self.interval < 1:
+            raise ValueError(f"DelayedScaling.interval must be an int >= 1, got {self.interval!r}")
+        if (not isinstance(self.amax_history_len, int) or isinstance(self.amax_history_len, bool)
+                or self.amax_history_len < 1):
+            raise ValueError(f"DelayedScaling.amax_history_len must be an int >= 1, got {self.amax_history_len!r}")
+        if not callable(self.amax_compute_algo) and self.amax_compute_algo not in ("max", "most_recent"):
+            raise ValueError("DelayedScaling.amax_compute_algo must be 'max', 'most_recent' or a callable, "
+                             f"got {self.amax_compute_algo!r}")
+        self.fp8_format = _check_format(self.fp8_format)
+        _check_bool("power_2_scale", self.power_2_scale)
+
+    def delayed(self) -> bool:
+        return True
+
+
+@dataclasses.dataclass
+class CurrentScaling:
+    """Current (just-in-time) per-tensor scaling: ``scale = fp8_max / max(amax, amax_epsilon)``
+    from the tensor itself at cast time; amax of 0 or not finite gives scale 1."""
+
+    fp8_format: Format = Format.HYBRID
+    power_2_scale: bool = False
+    amax_epsilon: float = 0.0
+    margin: int = 0
+
+    def __post_init__(self):
+        self.fp8_format = _check_format(self.fp8_format)
+        _check_bool("power_2_scale", self.power_2_scale)
+        if not isinstance(self.amax_epsilon, (int, float)) or not 0.0 <= float(self.amax_epsilon) < float("inf"):
+            raise ValueError(f"CurrentScaling.amax_epsilon must be finite and >= 0, got {self.amax_epsilon!r}")
+        if not isinstance(self.margin, int) or isinstance(self.margin, bool) or not 0 <= self.margin <= 126:
+            raise ValueError(f"CurrentScaling.margin must be an int in [0, 126], got {self.margin!r}")
+
+    def delayed(self) -> bool:
+        return False
+
+
+@dataclasses.dataclass
+class BlockScaling:
+    """DeepSeek-V3 block scaling: activations and gradients in 1x128 tiles along the
+    reduction dimension, weights in 128x128 blocks, each tile with its own current
+    scale. E4M3 everywhere by default (fine-grained scales make its range suffice)."""
+
+    fp8_format: Format = Format.E4M3
+    power_2_scale: bool = False
+    amax_epsilon: float = 0.0
+    margin: int = 0
+
+    def __post_init__(self):
+        self.fp8_format = _check_format(self.fp8_format)
+        _check_bool("power_2_scale", self.power_2_scale)
+        if not isinstance(self.amax_epsilon, (int, float)) or not 0.0 <= float(self.amax_epsilon) < float("inf"):
+            raise ValueError(f"BlockScaling.amax_epsilon must be finite and >= 0, got {self.amax_epsilon!r}")
+        if not isinstance(self.margin, int) or isinstance(self.margin, bool) or not 0 <= self.margin <= 126:
+            raise ValueError(f"BlockScaling.margin must be an int in [0, 126], got {self.margin!r}")
+
+    def delayed(self) -> bool:
+        return False
+
+
+# Transformer Engine 2.x spellings
+Float8CurrentScaling = CurrentScaling
+Float8BlockScaling = BlockScaling
