@@ -9,24 +9,25 @@ Outside fp8_autocast it is nn.Linear, bit for bit. Inside, x and W are cast to F
 keeps, and dy is cast once into both dy and dy^T (cast+transpose). Master weights,
 bias, gradients and outputs stay in high precision.
 
-FP8 state (delayed scaling) lives in buffers, so it is in state_dict():
+Delayed-scaling state lives in buffers, so it is in state_dict():
     fp8_amax_history  (L, 3) float32   newest first; columns input, weight, grad_output
     fp8_scale         (3,)   float32   the scale the next cast of each role uses
-    fp8_steps         (3,)   int64     casts recorded per role
-When the history rolls: once per USE of a role — each forward call records the amax
-of its input, each backward call that of its grad_output, and the weight's once per
-new weight version (the FP8 weight is cached while the parameter is unchanged, so
-gradient-accumulation micro-batches reuse it and do not re-record it). Why per use and
-not per optimizer step: a use is the one event every layer sees without help from the
-optimizer, it keeps the update a fixed sequence of tensor ops (no host sync), and a
-layer used several times per step (weight sharing, micro-batches) still sees each
-tensor it casts. A checkpoint of a plain nn.Linear loads with strict=True; the FP8
-state then starts fresh.
+    fp8_steps         (3,)   int64     amaxes recorded per role
+When the history rolls — once per use of a role:
+  * input: every forward call records its input's amax;
+  * weight: once per new weight version (the FP8 weight is cached while the parameter
+    is unchanged, so gradient-accumulation micro-batches reuse it and do not re-record);
+  * grad_output: each backward leaves its amax in a pending slot, recorded by the next
+    forward (or by state_dict()). Several backwards between two forwards leave the SUM
+    of their amaxes there (an upper bound of their max).
+Why per use and not per optimizer step: a use is the one event every layer sees without
+help from the optimizer, the update is a fixed sequence of tensor ops (no host sync),
+and keeping backward free of state changes is what lets torch.compile trace it.
+A checkpoint of a plain nn.Linear loads with strict=True; the FP8 state starts fresh.
 """
 from __future__ import annotations
 
 import logging
-import math
 
 import torch
 import torch.nn as nn
@@ -34,7 +35,7 @@ import torch.nn.functional as F
 
 from . import ops
 from .autocast import current_frame
-from .formats import GRANULARITIES, Format, fp8_dtype, fp8_max
+from .formats import GRANULARITIES, fp8_dtype
 from .recipe import BlockScaling, CurrentScaling, DelayedScaling, role_format
 
 __all__ = ["Linear"]
@@ -43,6 +44,7 @@ log = logging.getLogger("fp8mix")
 
 _INPUT, _WEIGHT, _GRAD = 0, 1, 2
 _ROLE_NAMES = ("input", "weight", "grad_output")
+_TENSOR = GRANULARITIES["tensor"]
 _BLOCK = GRANULARITIES["block"]
 _BLOCK2D = GRANULARITIES["block2d"]
 _FP8_KEYS = ("fp8_amax_history", "fp8_scale", "fp8_steps")
@@ -55,7 +57,8 @@ def _hp_out_dtype(x: torch.Tensor, module_dtype: torch.dtype) -> torch.dtype:
     return module_dtype
 
 
-def _world_group(group):
+def _reduce_group(group):
+    """The process group amaxes are all-reduced over, or None when there is nothing to reduce."""
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         return None
     if group is None:
@@ -63,84 +66,97 @@ def _world_group(group):
     return group if torch.distributed.get_world_size(group) > 1 else None
 
 
+def _all_reduce_max(t: torch.Tensor, group) -> None:
+    if group is not None:
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX, group=group)
+
+
 class _Plan:
-    """What one forward call decided, kept for its backward (the recipe the forward used)."""
+    """What one forward call decided, kept for its backward (which uses the same recipe)."""
 
-    __slots__ = ("recipe", "group", "layer", "out_dtype", "fmts")
+    __slots__ = ("recipe", "group", "out_dtype", "fmts", "grad_fresh")
 
-    def __init__(self, recipe, group, layer, out_dtype):
+    def __init__(self, recipe, group, out_dtype):
         self.recipe = recipe
         self.group = group
-        self.layer = layer
         self.out_dtype = out_dtype
         self.fmts = [role_format(recipe.fp8_format, r) for r in _ROLE_NAMES]
+        self.grad_fresh = False  # delayed: no grad_output amax recorded yet
 
 
-def _current(x2, fmt, recipe, granularity, group, transpose=False, want_q=True):
-    """Current scaling of a 2-D tensor: (q, qt, scale_inv, amax). With a process group,
-    amaxes are all-reduced first so every rank uses the same scales."""
-    margin, pow2, eps = recipe.margin, recipe.power_2_scale, float(recipe.amax_epsilon)
+def _current(x2, fmt, recipe, granularity, group, transpose=False):
+    """Current scaling of a 2-D tensor: (q, qt, scale_inv). With a process group the
+    amaxes are all-reduced first so that every rank uses the same scales."""
+    margin, pow2 = recipe.margin, recipe.power_2_scale
+    eps = float(getattr(recipe, "amax_epsilon", 0.0))
     if group is None:
-        return ops.quantize_current(x2, fp8_dtype(fmt), granularity, margin, pow2, eps, True, False, 0, 0,
-                                    want_q, transpose)
+        q, qt, sinv, _ = ops.quantize_current(x2, fp8_dtype(fmt), granularity, margin, pow2, eps, True, False,
+                                              0, 0, True, transpose)
+        return q, qt, sinv
     am = ops.amax(x2, granularity)
-    torch.distributed.all_reduce(am, op=torch.distributed.ReduceOp.MAX, group=group)
+    _all_reduce_max(am, group)
     scale, sinv = ops.compute_scale(am, fp8_dtype(fmt), margin, pow2, eps)
-    q, qt, _ = ops.cast(x2, scale, fp8_dtype(fmt), granularity, True, False, 0, 0, want_q, transpose)
-    return q, qt, sinv, am
+    q, qt, _ = ops.cast(x2, scale, fp8_dtype(fmt), granularity, True, False, 0, 0, True, transpose)
+    return q, qt, sinv
+
+
+def _cast_grad(dy2: torch.Tensor, plan: _Plan, g_scale: torch.Tensor):
+    """grad_output casts for dgrad (dy) and wgrad (dy^T): (gq, g_sinv, gtq, gt_sinv, amax)."""
+    recipe, fmt = plan.recipe, plan.fmts[_GRAD]
+    if isinstance(recipe, BlockScaling):  # 1x128 tiles along N for dgrad, along M for wgrad
+        gq, _, g_sinv = _current(dy2, fmt, recipe, _BLOCK, plan.group)
+        gtq, _, gt_sinv = _current(dy2.t(), fmt, recipe, _BLOCK, plan.group)
+        return gq, g_sinv, gtq, gt_sinv, None
+    if isinstance(recipe, CurrentScaling) or plan.grad_fresh:
+        gq, gtq, g_sinv = _current(dy2, fmt, recipe, _TENSOR, plan.group, transpose=True)
+        am = ops.amax(dy2, _TENSOR) if plan.grad_fresh else None
+        return gq, g_sinv, gtq, g_sinv, am
+    gq, gtq, am = ops.cast(dy2, g_scale, fp8_dtype(fmt), _TENSOR, True, False, 0, 0, True, True)
+    g_sinv = torch.reciprocal(g_scale)
+    return gq, g_sinv, gtq, g_sinv, am
 
 
 class _FP8LinearFn(torch.autograd.Function):
+    """The three GEMMs. Forward casts happen before apply() (in Linear.forward), and
+    backward changes no state: it hands the grad_output amax back as the "gradient" of
+    `grad_amax_slot`, a leaf the layer reads at its next forward."""
+
     @staticmethod
-    def forward(ctx, x, weight, bias, plan: _Plan):
-        layer = plan.layer
-        K = x.shape[-1]
-        x2 = x.reshape(-1, K)
-        if isinstance(plan.recipe, BlockScaling):
-            xq, _, x_sinv, _ = _current(x2, plan.fmts[_INPUT], plan.recipe, _BLOCK, plan.group)
-            # wgrad needs x blocked along M as well: keep a 128x128-block copy instead of xq
-            x_save, _, x_save_sinv, _ = _current(x2, plan.fmts[_INPUT], plan.recipe, _BLOCK2D, plan.group)
-        else:
-            xq, x_sinv = layer._cast_role(x2, _INPUT, plan)
-            x_save, x_save_sinv = xq, x_sinv
-        wq, w_sinv = layer._weight_fp8(weight, plan)
+    def forward(ctx, x, weight, bias, xq, x_sinv, x_save, x_save_sinv, wq, w_sinv, g_scale, grad_amax_slot,
+                plan: _Plan):
         w_sinv_fwd = w_sinv.t().contiguous() if isinstance(plan.recipe, BlockScaling) else w_sinv
         b = None
         if bias is not None:
             b = bias if bias.dtype in (torch.float32, plan.out_dtype) else bias.float()
         y = ops.scaled_mm(xq, wq.t(), x_sinv, w_sinv_fwd, b, plan.out_dtype, "fp32", 128)
-        ctx.save_for_backward(x_save, x_save_sinv, wq, w_sinv)
+        if x_save is None:  # per-tensor recipes keep the forward's FP8 x itself
+            x_save, x_save_sinv = xq, x_sinv
+        ctx.save_for_backward(x_save, x_save_sinv, wq, w_sinv, g_scale)
         ctx.plan = plan
         ctx.x_dtype = x.dtype
-        ctx.has_bias = bias is not None
         ctx.bias_dtype = bias.dtype if bias is not None else None
         ctx.w_dtype = weight.dtype
         return y.reshape(*x.shape[:-1], y.shape[-1])
 
     @staticmethod
     def backward(ctx, dy):
-        x_save, x_sinv, wq, w_sinv = ctx.saved_tensors
+        x_save, x_sinv, wq, w_sinv, g_scale = ctx.saved_tensors
         plan = ctx.plan
-        N = dy.shape[-1]
-        dy2 = dy.reshape(-1, N)
+        dy2 = dy.reshape(-1, dy.shape[-1])
         if dy2.dtype not in (torch.float32, torch.bfloat16, torch.float16):
             dy2 = dy2.float()
-        recipe = plan.recipe
-        dx = dw = db = None
-        if isinstance(recipe, BlockScaling):
-            gq, _, g_sinv, _ = _current(dy2, plan.fmts[_GRAD], recipe, _BLOCK, plan.group)
-            gtq, _, gt_sinv, _ = _current(dy2.t(), plan.fmts[_GRAD], recipe, _BLOCK, plan.group)
-        else:
-            gq, gtq, g_sinv = plan.layer._cast_role(dy2, _GRAD, plan, transpose=True)
-            gt_sinv = g_sinv
+        gq, g_sinv, gtq, gt_sinv, am = _cast_grad(dy2, plan, g_scale)
+        dx = dw = db = d_slot = None
         if ctx.needs_input_grad[0]:
             dx = ops.scaled_mm(gq, wq, g_sinv, w_sinv, None, ctx.x_dtype, "fp32", 128)
             dx = dx.reshape(*dy.shape[:-1], dx.shape[-1])
         if ctx.needs_input_grad[1]:
             dw = ops.scaled_mm(gtq, x_save, gt_sinv, x_sinv, None, ctx.w_dtype, "fp32", 128)
-        if ctx.has_bias and ctx.needs_input_grad[2]:
+        if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
             db = dy2.sum(0, dtype=torch.float32).to(ctx.bias_dtype)
-        return dx, dw, db, None
+        if am is not None and ctx.needs_input_grad[10]:
+            d_slot = am.reshape(())
+        return dx, dw, db, None, None, None, None, None, None, None, d_slot, None
 
 
 class Linear(nn.Linear):
@@ -157,7 +173,7 @@ class Linear(nn.Linear):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None):
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
-        self._setup_fp8(device)
+        self._setup_fp8(self.weight.device)
 
     @classmethod
     def from_linear(cls, lin: nn.Linear, history_len: int = 0) -> "Linear":
@@ -176,36 +192,49 @@ class Linear(nn.Linear):
         new._forward_pre_hooks.update(lin._forward_pre_hooks)
         return new
 
-    def _setup_fp8(self, device, history_len: int = 0):
-        self._init_fp8_state(device, history_len)
-        self._wcache = None
-        self._fallback_logged = False
-        self._fp8_absent = []
-        self.register_load_state_dict_post_hook(_forgive_missing_fp8_state)
-
     # ---- state -------------------------------------------------------------------
-    def _init_fp8_state(self, device=None, history_len: int = 0):
+    def _setup_fp8(self, device, history_len: int = 0):
         self.register_buffer("fp8_amax_history", torch.zeros(history_len, 3, dtype=torch.float32, device=device))
         self.register_buffer("fp8_scale", torch.ones(3, dtype=torch.float32, device=device))
         self.register_buffer("fp8_steps", torch.zeros(3, dtype=torch.int64, device=device))
+        self._wcache = None
+        self._fallback_logged = False
+        self._fp8_absent = []
+        self._fp8_fresh = [True, True, True]  # mirrors fp8_steps == 0 without reading the tensor
+        self._last_delayed = None  # (recipe, group) of the last delayed-scaling forward
+        self._new_grad_slot(device)
+        self.register_load_state_dict_post_hook(_forgive_missing_fp8_state)
+        self._register_state_dict_hook(_flush_before_save)
+
+    def _new_grad_slot(self, device):
+        # Not a buffer: it must stay a leaf so autograd accumulates into its .grad.
+        self._grad_amax_slot = torch.zeros((), dtype=torch.float32, device=device, requires_grad=True)
+
+    def _apply(self, fn, *args, **kwargs):
+        out = super()._apply(fn, *args, **kwargs)
+        self._new_grad_slot(self.fp8_scale.device)
+        self._wcache = None
+        return out
 
     def reset_fp8_state(self) -> None:
-        """Forget amax histories, scales and cached FP8 weights."""
+        """Forget amax histories, scales and the cached FP8 weight."""
         with torch.no_grad():
             self.fp8_amax_history.zero_()
             self.fp8_scale.fill_(1.0)
             self.fp8_steps.zero_()
+        self._grad_amax_slot.grad = None
         self._wcache = None
+        self._fp8_fresh = [True, True, True]
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
-        # The history length is the saved run's: adopt the incoming shape before copying.
-        key = prefix + "fp8_amax_history"
-        if key in state_dict and isinstance(state_dict[key], torch.Tensor):
-            src = state_dict[key]
-            if src.dim() == 2 and src.shape[1] == 3 and src.shape != self.fp8_amax_history.shape:
-                self.fp8_amax_history = torch.zeros(src.shape, dtype=torch.float32, device=self.fp8_scale.device)
+        # The history length is the checkpoint's: adopt its shape before copying.
+        src = state_dict.get(prefix + "fp8_amax_history")
+        if isinstance(src, torch.Tensor) and src.dim() == 2 and src.shape[1] == 3 \
+                and src.shape != self.fp8_amax_history.shape:
+            self.fp8_amax_history = torch.zeros(src.shape, dtype=torch.float32, device=self.fp8_scale.device)
         self._wcache = None
+        self._grad_amax_slot.grad = None
         # Remember which FP8 buffers this checkpoint lacks (an nn.Linear checkpoint):
         # the post-hook forgives exactly those and starts the FP8 state fresh.
         self._fp8_absent = [prefix + k for k in _FP8_KEYS if prefix + k not in state_dict]
@@ -221,44 +250,15 @@ class Linear(nn.Linear):
         new[:n] = h[:n]
         self.fp8_amax_history = new
 
-    # ---- casts ---------------------------------------------------------------------
-    def _cast_role(self, x2: torch.Tensor, role: int, plan: _Plan, transpose: bool = False):
-        """Per-tensor cast of a 2-D tensor for `role` under a delayed or current recipe.
-        Returns (q, scale_inv) or, with transpose, (q, qt, scale_inv)."""
-        recipe, fmt = plan.recipe, plan.fmts[role]
-        if isinstance(recipe, CurrentScaling):
-            q, qt, sinv, _ = _current(x2, fmt, recipe, 0, plan.group, transpose)
-            return (q, qt, sinv) if transpose else (q, sinv)
-        # delayed scaling
-        with torch.no_grad():
-            steps = self.fp8_steps
-            if int(steps[role]) == 0:
-                # First use: no history yet, so scale from this tensor (not an arbitrary 1).
-                am = ops.amax(x2, 0)
-                self._reduce_amax(am, plan.group)
-                s, _ = ops.compute_scale(am, fp8_dtype(fmt), recipe.margin, recipe.power_2_scale, 0.0)
-                self.fp8_scale[role] = s
-            scale = self.fp8_scale[role].clone()
-            q, qt, am = ops.cast(x2, scale, fp8_dtype(fmt), 0, True, False, 0, 0, True, transpose)
-            self._record_amax(role, am, recipe, plan.group)
-            sinv = torch.reciprocal(scale)
-        return (q, qt, sinv) if transpose else (q, sinv)
-
-    def _reduce_amax(self, am: torch.Tensor, group) -> None:
-        if group is not None:
-            torch.distributed.all_reduce(am, op=torch.distributed.ReduceOp.MAX, group=group)
-
+    # ---- delayed scaling -----------------------------------------------------------
     def _record_amax(self, role: int, am: torch.Tensor, recipe: DelayedScaling, group) -> None:
-        """Roll role's history, put `am` first, and every `interval` uses recompute its scale
-        from the history (an amax of 0 or not finite keeps the previous scale)."""
-        self._reduce_amax(am, group)
-        self._ensure_history(recipe.amax_history_len)
+        """Roll role's history, put `am` first, and every `interval` records recompute its
+        scale from the history (an amax of 0 or not finite keeps the previous scale)."""
+        _all_reduce_max(am, group)
         h = self.fp8_amax_history[:, role]
         h.copy_(torch.roll(h, 1, 0))
-        h[0] = am
+        h[0] = am.reshape(())
         self.fp8_steps[role] += 1
-        if int(self.fp8_steps[role]) % recipe.interval != 0:
-            return
         algo = recipe.amax_compute_algo
         if algo == "max":
             a = h.amax()
@@ -269,23 +269,68 @@ class Linear(nn.Linear):
         fmt = role_format(recipe.fp8_format, _ROLE_NAMES[role])
         s, _ = ops.compute_scale(a.reshape(1), fp8_dtype(fmt), recipe.margin, recipe.power_2_scale, 0.0)
         ok = torch.isfinite(a) & (a > 0)
+        if recipe.interval > 1:  # a tensor test: no host sync, no graph break
+            ok = ok & (self.fp8_steps[role] % recipe.interval == 0)
         self.fp8_scale[role] = torch.where(ok, s[0], self.fp8_scale[role])
+
+    def _flush_grad_amax(self, recipe: DelayedScaling, group) -> None:
+        """Record the grad_output amax that backward left in the slot, if any."""
+        g = self._grad_amax_slot.grad
+        if g is None:
+            return
+        self._grad_amax_slot.grad = None
+        with torch.no_grad():
+            self._ensure_history(recipe.amax_history_len)
+            self._record_amax(_GRAD, g.detach().clone(), recipe, group)
+
+    def _cast_delayed(self, x2: torch.Tensor, role: int, plan: _Plan):
+        """Delayed-scaling cast of a forward tensor: (q, scale_inv); records its amax."""
+        recipe, fmt = plan.recipe, plan.fmts[role]
+        with torch.no_grad():
+            if self._fp8_fresh[role]:
+                # First use: no history yet, so scale from this tensor (not an arbitrary 1).
+                self._fp8_fresh[role] = False
+                am = ops.amax(x2, _TENSOR)
+                _all_reduce_max(am, plan.group)
+                s, _ = ops.compute_scale(am, fp8_dtype(fmt), recipe.margin, recipe.power_2_scale, 0.0)
+                self.fp8_scale[role] = s
+            scale = self.fp8_scale[role].clone()
+            q, _, am = ops.cast(x2, scale, fp8_dtype(fmt), _TENSOR, True, False, 0, 0, True, False)
+            self._record_amax(role, am, recipe, plan.group)
+        return q, torch.reciprocal(scale)
+
+    # ---- forward casts -------------------------------------------------------------
+    def _cast_input(self, x2: torch.Tensor, plan: _Plan):
+        """(xq, x_sinv, x_save, x_save_sinv); x_save None means 'backward keeps xq'."""
+        recipe, fmt = plan.recipe, plan.fmts[_INPUT]
+        if isinstance(recipe, BlockScaling):
+            xq, _, x_sinv = _current(x2, fmt, recipe, _BLOCK, plan.group)
+            # wgrad needs x blocked along M too: keep a 128x128-block copy rather than xq
+            x_save, _, x_save_sinv = _current(x2, fmt, recipe, _BLOCK2D, plan.group)
+            return xq, x_sinv, x_save, x_save_sinv
+        if isinstance(recipe, CurrentScaling):
+            xq, _, x_sinv = _current(x2, fmt, recipe, _TENSOR, plan.group)
+        else:
+            xq, x_sinv = self._cast_delayed(x2, _INPUT, plan)
+        return xq, x_sinv, None, None
 
     def _weight_fp8(self, weight: torch.Tensor, plan: _Plan):
         """FP8 weight and its scale_inv, cast once and reused while the weight is unchanged
         (detected by the parameter's version counter, data pointer and the recipe)."""
         recipe, fmt = plan.recipe, plan.fmts[_WEIGHT]
-        key = (weight._version, weight.data_ptr(), weight.dtype, type(recipe), fmt,
-               getattr(recipe, "margin", 0), getattr(recipe, "power_2_scale", False))
         compiling = torch.compiler.is_compiling()
-        if not compiling and self._wcache is not None and self._wcache[0] == key:
+        key = None if compiling else (weight._version, weight.data_ptr(), weight.dtype, type(recipe), fmt,
+                                      recipe.margin, recipe.power_2_scale)
+        if key is not None and self._wcache is not None and self._wcache[0] == key:
             return self._wcache[1], self._wcache[2]
         w = weight.detach()
         if isinstance(recipe, BlockScaling):
-            wq, _, sinv, _ = _current(w, fmt, recipe, _BLOCK2D, plan.group)
+            wq, _, sinv = _current(w, fmt, recipe, _BLOCK2D, plan.group)
+        elif isinstance(recipe, CurrentScaling):
+            wq, _, sinv = _current(w, fmt, recipe, _TENSOR, plan.group)
         else:
-            wq, sinv = self._cast_role(w, _WEIGHT, plan)
-        if not compiling:
+            wq, sinv = self._cast_delayed(w, _WEIGHT, plan)
+        if key is not None:
             self._wcache = (key, wq, sinv)
         return wq, sinv
 
@@ -300,13 +345,9 @@ class Linear(nn.Linear):
             return False
         return True
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        frame = current_frame()
-        if frame is None or not frame.enabled or not self._fp8_ok(x):
-            return F.linear(x, self.weight, self.bias)
-        if x.shape[-1] != self.in_features:
-            raise ValueError(f"fp8mix.Linear: input has {x.shape[-1]} features in its last dimension, "
-                             f"expected {self.in_features} (input shape {tuple(x.shape)})")
+    def _check_input(self, x: torch.Tensor) -> None:
+        if x.dim() == 0 or x.shape[-1] != self.in_features:
+            raise ValueError(f"fp8mix.Linear: input has shape {tuple(x.shape)}, expected (..., {self.in_features})")
         if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
             raise TypeError(f"fp8mix.Linear: input must be float32, bfloat16 or float16, got {x.dtype}")
         if x.device != self.weight.device:
@@ -315,8 +356,30 @@ class Linear(nn.Linear):
                 "fp8mix::scaled_mm", x.device.type.upper()):
             raise NotImplementedError(f"fp8mix.Linear: this build has no FP8 kernels for {x.device}; "
                                       "run outside fp8_autocast or build fp8mix with CUDA")
-        plan = _Plan(frame.recipe, _world_group(frame.group), self, _hp_out_dtype(x, self.weight.dtype))
-        return _FP8LinearFn.apply(x, self.weight, self.bias, plan)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        frame = current_frame()
+        if frame is None or not frame.enabled:
+            return F.linear(x, self.weight, self.bias)
+        self._check_input(x)
+        if not self._fp8_ok(x):
+            return F.linear(x, self.weight, self.bias)
+        recipe = frame.recipe
+        plan = _Plan(recipe, _reduce_group(frame.group), _hp_out_dtype(x, self.weight.dtype))
+        g_scale = self.fp8_scale[_GRAD]
+        if recipe.delayed():
+            with torch.no_grad():
+                self._ensure_history(recipe.amax_history_len)
+            self._flush_grad_amax(recipe, plan.group)
+            self._last_delayed = (recipe, plan.group)
+            plan.grad_fresh = self._fp8_fresh[_GRAD]
+            self._fp8_fresh[_GRAD] = False
+            g_scale = g_scale.clone()  # the scale this call's backward will use
+        x2 = x.detach().reshape(-1, self.in_features)
+        xq, x_sinv, x_save, x_save_sinv = self._cast_input(x2, plan)
+        wq, w_sinv = self._weight_fp8(self.weight, plan)
+        return _FP8LinearFn.apply(x, self.weight, self.bias, xq, x_sinv, x_save, x_save_sinv, wq, w_sinv, g_scale,
+                                  self._grad_amax_slot, plan)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + ", fp8=True"
@@ -325,10 +388,20 @@ class Linear(nn.Linear):
 def _forgive_missing_fp8_state(module, incompatible_keys):
     """Let an nn.Linear checkpoint load with strict=True: when all of this layer's FP8
     buffers are missing, start its FP8 state fresh instead of failing."""
-    absent = getattr(module, "_fp8_absent", [])
-    module._fp8_absent = []
+    absent, module._fp8_absent = module._fp8_absent, []
     missing = incompatible_keys.missing_keys
     if absent and len(absent) == len(_FP8_KEYS) and all(k in missing for k in absent):
         for k in absent:
             missing.remove(k)
         module.reset_fp8_state()
+    module._fp8_fresh = [int(n) == 0 for n in module.fp8_steps.tolist()]
+
+
+def _flush_before_save(module, state_dict, prefix, local_metadata):
+    """state_dict() hook: a pending grad_output amax is recorded before saving, so a
+    resumed run continues exactly as an uninterrupted one."""
+    if module._grad_amax_slot.grad is not None and module._last_delayed is not None:
+        module._flush_grad_amax(*module._last_delayed)
+        for k in _FP8_KEYS:
+            state_dict[prefix + k] = getattr(module, k).detach()
+    return state_dict
