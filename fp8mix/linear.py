@@ -15,14 +15,17 @@ Delayed-scaling state lives in buffers, so it is in state_dict():
     fp8_steps         (3,)   int64     amaxes recorded per role
 When the history rolls — once per use of a role:
   * input: every forward call records its input's amax;
-  * weight: once per new weight version (the FP8 weight is cached while the parameter
-    is unchanged, so gradient-accumulation micro-batches reuse it and do not re-record);
-  * grad_output: each backward leaves its amax in a pending slot, recorded by the next
-    forward (or by state_dict()). Several backwards between two forwards leave the SUM
-    of their amaxes there (an upper bound of their max).
+  * weight: every forward that casts it; with ``is_first_microbatch=False`` the FP8
+    weight cast by the last ``is_first_microbatch=True`` call is reused and nothing is
+    recorded (Transformer Engine's convention for gradient accumulation);
+  * grad_output: each backward leaves its amax in the pending slot of its forward call
+    and the next forward (or state_dict()) records the pending slots in call order.
 Why per use and not per optimizer step: a use is the one event every layer sees without
 help from the optimizer, the update is a fixed sequence of tensor ops (no host sync),
 and keeping backward free of state changes is what lets torch.compile trace it.
+Why the weight cache is explicit: a parameter's version counter misses writes through
+``.data`` and FSDP2's all-gather copies, so automatic detection could serve a stale FP8
+weight (and, under FSDP2, make ranks disagree on collectives).
 A checkpoint of a plain nn.Linear loads with strict=True; the FP8 state starts fresh.
 """
 from __future__ import annotations
@@ -52,7 +55,7 @@ _FP8_KEYS = ("fp8_amax_history", "fp8_scale", "fp8_steps")
 
 def _hp_out_dtype(x: torch.Tensor, module_dtype: torch.dtype) -> torch.dtype:
     dev = x.device.type
-    if torch.is_autocast_enabled(dev):
+    if dev in ("cpu", "cuda") and torch.is_autocast_enabled(dev):
         return torch.get_autocast_dtype(dev)
     return module_dtype
 
@@ -136,20 +139,19 @@ class _FP8LinearFn(torch.autograd.Function):
         ctx.x_dtype = x.dtype
         ctx.bias_dtype = bias.dtype if bias is not None else None
         ctx.w_dtype = weight.dtype
-        return y.reshape(*x.shape[:-1], y.shape[-1])
+        return y
 
     @staticmethod
     def backward(ctx, dy):
         x_save, x_sinv, wq, w_sinv, g_scale = ctx.saved_tensors
         plan = ctx.plan
-        dy2 = dy.reshape(-1, dy.shape[-1])
+        dy2 = dy
         if dy2.dtype not in (torch.float32, torch.bfloat16, torch.float16):
             dy2 = dy2.float()
         gq, g_sinv, gtq, gt_sinv, am = _cast_grad(dy2, plan, g_scale)
         dx = dw = db = d_slot = None
         if ctx.needs_input_grad[0]:
             dx = ops.scaled_mm(gq, wq, g_sinv, w_sinv, None, ctx.x_dtype, "fp32", 128)
-            dx = dx.reshape(*dy.shape[:-1], dx.shape[-1])
         if ctx.needs_input_grad[1]:
             dw = ops.scaled_mm(gtq, x_save, gt_sinv, x_sinv, None, ctx.w_dtype, "fp32", 128)
         if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
@@ -202,17 +204,34 @@ class Linear(nn.Linear):
         self._fp8_absent = []
         self._fp8_fresh = [True, True, True]  # mirrors fp8_steps == 0 without reading the tensor
         self._last_delayed = None  # (recipe, group) of the last delayed-scaling forward
-        self._new_grad_slot(device)
+        self._new_grad_slots(device)
         self.register_load_state_dict_post_hook(_forgive_missing_fp8_state)
         self._register_state_dict_hook(_flush_before_save)
 
-    def _new_grad_slot(self, device):
-        # Not a buffer: it must stay a leaf so autograd accumulates into its .grad.
-        self._grad_amax_slot = torch.zeros((), dtype=torch.float32, device=device, requires_grad=True)
+    _N_GRAD_SLOTS = 8
+
+    def _new_grad_slots(self, device):
+        # Not buffers: they must stay leaves so autograd fills their .grad. Each forward
+        # that will see a backward takes a free slot, so every backward's amax is kept
+        # apart until the next forward records them in call order.
+        self._grad_slots = [torch.zeros((), dtype=torch.float32, device=device, requires_grad=True)
+                            for _ in range(self._N_GRAD_SLOTS)]
+        self._no_slot = torch.zeros((), dtype=torch.float32, device=device)
+        self._slots_pending = []  # slot indices whose backward has not been recorded, in call order
+
+    def _take_slot(self) -> torch.Tensor:
+        free = [i for i in range(self._N_GRAD_SLOTS) if i not in self._slots_pending]
+        if not free:  # every slot's backward is outstanding: assume they were abandoned
+            for slot in self._grad_slots:
+                slot.grad = None
+            self._slots_pending = []
+            free = [0]
+        self._slots_pending.append(free[0])
+        return self._grad_slots[free[0]]
 
     def _apply(self, fn, *args, **kwargs):
         out = super()._apply(fn, *args, **kwargs)
-        self._new_grad_slot(self.fp8_scale.device)
+        self._new_grad_slots(self.fp8_scale.device)
         self._wcache = None
         return out
 
@@ -222,7 +241,9 @@ class Linear(nn.Linear):
             self.fp8_amax_history.zero_()
             self.fp8_scale.fill_(1.0)
             self.fp8_steps.zero_()
-        self._grad_amax_slot.grad = None
+        for slot in self._grad_slots:
+            slot.grad = None
+        self._slots_pending = []
         self._wcache = None
         self._fp8_fresh = [True, True, True]
 
@@ -234,7 +255,9 @@ class Linear(nn.Linear):
                 and src.shape != self.fp8_amax_history.shape:
             self.fp8_amax_history = torch.zeros(src.shape, dtype=torch.float32, device=self.fp8_scale.device)
         self._wcache = None
-        self._grad_amax_slot.grad = None
+        for slot in self._grad_slots:
+            slot.grad = None
+        self._slots_pending = []
         # Remember which FP8 buffers this checkpoint lacks (an nn.Linear checkpoint):
         # the post-hook forgives exactly those and starts the FP8 state fresh.
         self._fp8_absent = [prefix + k for k in _FP8_KEYS if prefix + k not in state_dict]
@@ -274,14 +297,24 @@ class Linear(nn.Linear):
         self.fp8_scale[role] = torch.where(ok, s[0], self.fp8_scale[role])
 
     def _flush_grad_amax(self, recipe: DelayedScaling, group) -> None:
-        """Record the grad_output amax that backward left in the slot, if any."""
-        g = self._grad_amax_slot.grad
-        if g is None:
-            return
-        self._grad_amax_slot.grad = None
-        with torch.no_grad():
-            self._ensure_history(recipe.amax_history_len)
-            self._record_amax(_GRAD, g.detach().clone(), recipe, group)
+        """Record, in call order, the grad_output amaxes backward left in the slots."""
+        for i in list(self._slots_pending):
+            slot = self._grad_slots[i]
+            g = slot.grad
+            if g is None:  # that call's backward has not run yet
+                continue
+            slot.grad = None
+            self._slots_pending.remove(i)
+            with torch.no_grad():
+                self._ensure_history(recipe.amax_history_len)
+                am = g.detach().clone()
+                if self._fp8_fresh[_GRAD]:  # first record: the scale comes from this amax
+                    self._fp8_fresh[_GRAD] = False
+                    _all_reduce_max(am, group)
+                    fmt = role_format(recipe.fp8_format, "grad_output")
+                    s, _ = ops.compute_scale(am.reshape(1), fp8_dtype(fmt), recipe.margin, recipe.power_2_scale, 0.0)
+                    self.fp8_scale[_GRAD] = s[0]
+                self._record_amax(_GRAD, am, recipe, group)
 
     def _cast_delayed(self, x2: torch.Tensor, role: int, plan: _Plan):
         """Delayed-scaling cast of a forward tensor: (q, scale_inv); records its amax."""
@@ -314,14 +347,16 @@ class Linear(nn.Linear):
             xq, x_sinv = self._cast_delayed(x2, _INPUT, plan)
         return xq, x_sinv, None, None
 
-    def _weight_fp8(self, weight: torch.Tensor, plan: _Plan):
-        """FP8 weight and its scale_inv, cast once and reused while the weight is unchanged
-        (detected by the parameter's version counter, data pointer and the recipe)."""
+    def _weight_fp8(self, weight: torch.Tensor, plan: _Plan, is_first_microbatch):
+        """FP8 weight and its scale_inv. is_first_microbatch: None casts every call; True
+        casts and keeps the result; False reuses what the last True call kept (an error if
+        there is none, or if it was cast under another recipe or format)."""
         recipe, fmt = plan.recipe, plan.fmts[_WEIGHT]
-        compiling = torch.compiler.is_compiling()
-        key = None if compiling else (weight._version, weight.data_ptr(), weight.dtype, type(recipe), fmt,
-                                      recipe.margin, recipe.power_2_scale)
-        if key is not None and self._wcache is not None and self._wcache[0] == key:
+        key = (type(recipe), fmt, recipe.margin, recipe.power_2_scale, weight.shape, weight.dtype)
+        if is_first_microbatch is False:
+            if self._wcache is None or self._wcache[0] != key:
+                raise RuntimeError("fp8mix.Linear: is_first_microbatch=False but no FP8 weight was cached by an "
+                                   "is_first_microbatch=True call under this recipe")
             return self._wcache[1], self._wcache[2]
         w = weight.detach()
         if isinstance(recipe, BlockScaling):
@@ -330,8 +365,7 @@ class Linear(nn.Linear):
             wq, _, sinv = _current(w, fmt, recipe, _TENSOR, plan.group)
         else:
             wq, sinv = self._cast_delayed(w, _WEIGHT, plan)
-        if key is not None:
-            self._wcache = (key, wq, sinv)
+        self._wcache = (key, wq, sinv) if is_first_microbatch else None
         return wq, sinv
 
     # ---- forward -------------------------------------------------------------------
@@ -353,11 +387,19 @@ class Linear(nn.Linear):
         if x.device != self.weight.device:
             raise ValueError(f"fp8mix.Linear: input is on {x.device}, weight on {self.weight.device}")
         if x.device.type != "cpu" and not torch._C._dispatch_has_kernel_for_dispatch_key(
-                "fp8mix::scaled_mm", x.device.type.upper()):
+                "fp8mix::scaled_mm", torch._C._dispatch_key_for_device(x.device.type)):
             raise NotImplementedError(f"fp8mix.Linear: this build has no FP8 kernels for {x.device}; "
                                       "run outside fp8_autocast or build fp8mix with CUDA")
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, is_first_microbatch=None) -> torch.Tensor:
+        """y = x W^T + b; in FP8 inside fp8_autocast.
+
+        is_first_microbatch (as Transformer Engine): None (default) casts the weight every
+        call; with gradient accumulation pass True on the first micro-batch of a step (cast
+        and keep the FP8 weight) and False on the others (reuse it: no re-cast, no amax
+        record). Ignored outside fp8_autocast."""
+        if is_first_microbatch not in (None, True, False):
+            raise TypeError("fp8mix.Linear: is_first_microbatch must be None, True or False")
         frame = current_frame()
         if frame is None or not frame.enabled:
             return F.linear(x, self.weight, self.bias)
@@ -372,14 +414,17 @@ class Linear(nn.Linear):
                 self._ensure_history(recipe.amax_history_len)
             self._flush_grad_amax(recipe, plan.group)
             self._last_delayed = (recipe, plan.group)
-            plan.grad_fresh = self._fp8_fresh[_GRAD]
-            self._fp8_fresh[_GRAD] = False
+            plan.grad_fresh = self._fp8_fresh[_GRAD]  # until a grad amax is recorded
             g_scale = g_scale.clone()  # the scale this call's backward will use
-        x2 = x.detach().reshape(-1, self.in_features)
-        xq, x_sinv, x_save, x_save_sinv = self._cast_input(x2, plan)
-        wq, w_sinv = self._weight_fp8(self.weight, plan)
-        return _FP8LinearFn.apply(x, self.weight, self.bias, xq, x_sinv, x_save, x_save_sinv, wq, w_sinv, g_scale,
-                                  self._grad_amax_slot, plan)
+        wants_grad = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
+        slot = self._take_slot() if recipe.delayed() and wants_grad else self._no_slot
+        x2 = x.reshape(-1, self.in_features)
+        with torch.no_grad():
+            xq, x_sinv, x_save, x_save_sinv = self._cast_input(x2.detach(), plan)
+            wq, w_sinv = self._weight_fp8(self.weight, plan, is_first_microbatch)
+        y2 = _FP8LinearFn.apply(x2, self.weight, self.bias, xq, x_sinv, x_save, x_save_sinv, wq, w_sinv, g_scale,
+                                slot, plan)
+        return y2.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + ", fp8=True"
@@ -400,7 +445,7 @@ def _forgive_missing_fp8_state(module, incompatible_keys):
 def _flush_before_save(module, state_dict, prefix, local_metadata):
     """state_dict() hook: a pending grad_output amax is recorded before saving, so a
     resumed run continues exactly as an uninterrupted one."""
-    if module._grad_amax_slot.grad is not None and module._last_delayed is not None:
+    if module._last_delayed is not None and any(s.grad is not None for s in module._grad_slots):
         module._flush_grad_amax(*module._last_delayed)
         for k in _FP8_KEYS:
             state_dict[prefix + k] = getattr(module, k).detach()
