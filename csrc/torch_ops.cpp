@@ -17,6 +17,15 @@
 
 #include "fp8mix.h"
 
+#ifdef FP8MIX_WITH_CUDA
+#include <c10/cuda/CUDAStream.h> // c10::cuda::getCurrentCUDAStream (= at::cuda::); avoids CUDAContext.h, which needs the cuSPARSE/cuSOLVER headers
+#include <c10/cuda/CUDAGuard.h>
+
+#include <cstdlib>
+
+#include "fp8mix_cuda.h"
+#endif
+
 extern "C" PyObject *PyInit__C(void)
 {
     static PyModuleDef def = {PyModuleDef_HEAD_INIT, "_C", "fp8mix native ops (registered as torch.ops.fp8mix)", -1,
@@ -30,7 +39,7 @@ void check_status(fp8mix_status st, const char *op, const char *what = nullptr)
 {
     if (st == FP8MIX_OK) return;
     std::string msg = std::string("fp8mix.") + op + ": " + fp8mix_status_string(st);
-    if (what) msg += std::string(" (") + what + ")";
+    if (what && st == FP8MIX_ERR_BAD_SCALE) msg += std::string(" (") + what + ")";
     if (st == FP8MIX_ERR_BAD_ENUM || st == FP8MIX_ERR_BAD_SCALE || st == FP8MIX_ERR_BAD_ARG ||
         st == FP8MIX_ERR_BAD_SHAPE)
         TORCH_CHECK_VALUE(false, msg);
@@ -362,6 +371,408 @@ void set_max_isa(std::string name)
 
 } // namespace
 
+#ifdef FP8MIX_WITH_CUDA
+// ---- CUDA implementations ---------------------------------------------------
+// The same ops on CUDA tensors: every tensor must be on x's device; work is
+// enqueued on the current stream (at::cuda::getCurrentCUDAStream) and nothing
+// syncs with the host, except the optional scale check (env
+// FP8MIX_CUDA_CHECK_SCALES=1: reads a device status flag, one sync per call).
+// The kernels (csrc/cuda) are bit-identical to the CPU ones; scaled_mm runs on
+// cuBLASLt and agrees with the CPU up to summation order.
+namespace {
+
+void check_cuda_status(fp8mix_status st, const char *op, const char *what = nullptr)
+{
+    if (st == FP8MIX_OK) return;
+    std::string detail = fp8mix_cuda_last_error();
+    std::string w = what ? what : "";
+    if (!detail.empty() && st != FP8MIX_ERR_BAD_ENUM) w += (w.empty() ? "" : "; ") + detail;
+    check_status(st, op, w.empty() ? nullptr : w.c_str());
+}
+
+void require_cuda(const at::Tensor &t, const char *op, const char *name)
+{
+    TORCH_CHECK_VALUE(t.is_cuda(), "fp8mix.", op, ": ", name, " is on ", t.device(),
+                      " but the other tensors are on CUDA (move them to one device)");
+}
+
+void check_on(const at::Tensor &t, const at::Device &dev, const char *op, const char *name)
+{
+    TORCH_CHECK_VALUE(t.device() == dev, "fp8mix.", op, ": ", name, " is on ", t.device(), " but x is on ", dev,
+                      " (all tensors of one call must be on the same CUDA device)");
+}
+
+bool scale_checks_enabled()
+{
+    const char *e = std::getenv("FP8MIX_CUDA_CHECK_SCALES");
+    return e && *e && std::strcmp(e, "0") != 0;
+}
+
+// Device flag for invalid scales: allocated only when checks are enabled.
+struct ScaleFlag {
+    at::Tensor t;
+    explicit ScaleFlag(const at::Tensor &like)
+    {
+        if (scale_checks_enabled()) t = at::zeros({1}, like.options().dtype(at::kInt));
+    }
+    int *ptr() { return t.defined() ? t.data_ptr<int>() : nullptr; }
+    void check(const char *op, const char *what)
+    {
+        if (t.defined() && t.item<int>() != 0) check_status(FP8MIX_ERR_BAD_SCALE, op, what);
+    }
+};
+
+at::Tensor scale_arg_cuda(const at::Tensor &s, int64_t expect, const at::Device &dev, const char *op,
+                          const char *name)
+{
+    TORCH_CHECK_TYPE(s.scalar_type() == at::kFloat, "fp8mix.", op, ": ", name, " must be float32, got ",
+                     s.scalar_type());
+    check_on(s, dev, op, name);
+    TORCH_CHECK_VALUE(s.numel() == expect, "fp8mix.", op, ": ", name, " has ", s.numel(),
+                      " elements but this granularity needs ", expect, " (shape ", s.sizes(), ")");
+    return s.contiguous();
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> cast_cuda(const at::Tensor &x, const at::Tensor &scale,
+                                                         at::ScalarType fp8_dtype, int64_t gran, bool saturate,
+                                                         bool stochastic, int64_t seed, int64_t offset,
+                                                         bool want_q, bool transpose)
+{
+    const char *op = "cast";
+    require_cuda(x, op, "x");
+    c10::cuda::CUDAGuard guard(x.device());
+    fp8mix_dtype xt = hp_dtype(x, op, "x");
+    fp8mix_format fmt = fp8_format(fp8_dtype, op);
+    fp8mix_granularity g = granularity(gran, op);
+    TORCH_CHECK_VALUE(want_q || transpose, "fp8mix.cast: nothing to produce (want_q and transpose both false)");
+    View2D v = view2d(x);
+    at::Tensor s = scale_arg_cuda(scale, scale_count(g, v.rows, v.cols), x.device(), op, "scale");
+    at::Tensor q = at::empty(want_q ? x.sizes() : at::IntArrayRef{0}, x.options().dtype(fp8_dtype));
+    at::Tensor qt = at::empty(transpose ? std::vector<int64_t>{v.cols, v.rows} : std::vector<int64_t>{0},
+                              x.options().dtype(fp8_dtype));
+    at::Tensor amax = at::empty({}, x.options().dtype(at::kFloat));
+    fp8mix_cast_opts o = make_opts(fmt, saturate, stochastic, seed, offset);
+    ScaleFlag flag(x);
+    check_cuda_status((fp8mix_cuda_clear_error(), fp8mix_cuda_cast(v.t.data_ptr(), xt, v.rows, v.cols, v.ld, g, s.data_ptr<float>(),
+                                       want_q ? (uint8_t *)q.data_ptr() : nullptr, v.cols,
+                                       transpose ? (uint8_t *)qt.data_ptr() : nullptr, v.rows,
+                                       amax.data_ptr<float>(), flag.ptr(), &o, c10::cuda::getCurrentCUDAStream())),
+                      op);
+    flag.check(op, "scale must be finite and > 0");
+    return {q, qt, amax};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+quantize_current_cuda(const at::Tensor &x, at::ScalarType fp8_dtype, int64_t gran, int64_t margin, bool pow2,
+                      double eps, bool saturate, bool stochastic, int64_t seed, int64_t offset, bool want_q,
+                      bool transpose)
+{
+    const char *op = "quantize";
+    require_cuda(x, op, "x");
+    c10::cuda::CUDAGuard guard(x.device());
+    fp8mix_dtype xt = hp_dtype(x, op, "x");
+    fp8mix_format fmt = fp8_format(fp8_dtype, op);
+    fp8mix_granularity g = granularity(gran, op);
+    TORCH_CHECK_VALUE(want_q || transpose, "fp8mix.quantize: nothing to produce");
+    TORCH_CHECK_VALUE(margin >= 0 && margin <= 126, "fp8mix.quantize: margin must be in [0, 126], got ", margin);
+    TORCH_CHECK_VALUE(eps >= 0.0 && std::isfinite(eps), "fp8mix.quantize: amax_epsilon must be finite and >= 0");
+    View2D v = view2d(x);
+    auto sshape = scale_shape(x, g, v.rows, v.cols);
+    at::Tensor q = at::empty(want_q ? x.sizes() : at::IntArrayRef{0}, x.options().dtype(fp8_dtype));
+    at::Tensor qt = at::empty(transpose ? std::vector<int64_t>{v.cols, v.rows} : std::vector<int64_t>{0},
+                              x.options().dtype(fp8_dtype));
+    // Every entry is written by the launcher (n > 0), so no fill is needed.
+    at::Tensor sinv = at::empty(sshape, x.options().dtype(at::kFloat));
+    at::Tensor amax = at::empty(sshape, x.options().dtype(at::kFloat));
+    if (scale_count(g, v.rows, v.cols) == 0) return {q, qt, sinv, amax};
+    fp8mix_cast_opts o = make_opts(fmt, saturate, stochastic, seed, offset);
+    check_cuda_status((fp8mix_cuda_clear_error(), fp8mix_cuda_quantize_current(v.t.data_ptr(), xt, v.rows, v.cols, v.ld, g, (int)margin,
+                                                   pow2 ? 1 : 0, (float)eps,
+                                                   want_q ? (uint8_t *)q.data_ptr() : nullptr, v.cols,
+                                                   transpose ? (uint8_t *)qt.data_ptr() : nullptr, v.rows,
+                                                   sinv.data_ptr<float>(), amax.data_ptr<float>(), &o,
+                                                   c10::cuda::getCurrentCUDAStream())),
+                      op);
+    return {q, qt, sinv, amax};
+}
+
+at::Tensor amax_cuda(const at::Tensor &x, int64_t gran)
+{
+    const char *op = "amax";
+    require_cuda(x, op, "x");
+    c10::cuda::CUDAGuard guard(x.device());
+    fp8mix_dtype xt = hp_dtype(x, op, "x");
+    fp8mix_granularity g = granularity(gran, op);
+    View2D v = view2d(x);
+    at::Tensor out = at::empty(scale_shape(x, g, v.rows, v.cols), x.options().dtype(at::kFloat));
+    if (out.numel() == 0) return out;
+    check_cuda_status((fp8mix_cuda_clear_error(), fp8mix_cuda_amax(v.t.data_ptr(), xt, v.rows, v.cols, v.ld, g, out.data_ptr<float>(),
+                                       c10::cuda::getCurrentCUDAStream())),
+                      op);
+    return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> compute_scale_cuda(const at::Tensor &amax, at::ScalarType fp8_dtype,
+                                                      int64_t margin, bool pow2, double eps)
+{
+    const char *op = "compute_scale";
+    require_cuda(amax, op, "amax");
+    c10::cuda::CUDAGuard guard(amax.device());
+    TORCH_CHECK_TYPE(amax.scalar_type() == at::kFloat, "fp8mix.compute_scale: amax must be float32");
+    TORCH_CHECK_VALUE(margin >= 0 && margin <= 126, "fp8mix.compute_scale: margin must be in [0, 126], got ",
+                      margin);
+    TORCH_CHECK_VALUE(eps >= 0.0 && std::isfinite(eps), "fp8mix.compute_scale: amax_epsilon must be finite and >= 0");
+    at::Tensor a = amax.contiguous();
+    at::Tensor s = at::empty_like(a), si = at::empty_like(a);
+    check_cuda_status((fp8mix_cuda_clear_error(), fp8mix_cuda_compute_scale(a.data_ptr<float>(), a.numel(), fp8_format(fp8_dtype, op),
+                                                (int)margin, pow2 ? 1 : 0, (float)eps, s.data_ptr<float>(),
+                                                si.data_ptr<float>(), c10::cuda::getCurrentCUDAStream())),
+                      op);
+    return {s, si};
+}
+
+at::Tensor dequantize_cuda(const at::Tensor &q, const at::Tensor &scale_inv, int64_t gran, at::ScalarType out_dtype)
+{
+    const char *op = "dequantize";
+    require_cuda(q, op, "q");
+    c10::cuda::CUDAGuard guard(q.device());
+    fp8mix_format fmt = fp8_format(q.scalar_type(), op);
+    fp8mix_dtype ot = hp_dtype(out_dtype, op);
+    fp8mix_granularity g = granularity(gran, op);
+    View2D v = view2d(q);
+    at::Tensor s = scale_arg_cuda(scale_inv, scale_count(g, v.rows, v.cols), q.device(), op, "scale_inv");
+    at::Tensor out = at::empty(q.sizes(), q.options().dtype(out_dtype));
+    ScaleFlag flag(q);
+    check_cuda_status((fp8mix_cuda_clear_error(), fp8mix_cuda_dequantize((const uint8_t *)v.t.data_ptr(), fmt, v.rows, v.cols, v.ld, g,
+                                             s.data_ptr<float>(), out.data_ptr(), ot, v.cols, flag.ptr(),
+                                             c10::cuda::getCurrentCUDAStream())),
+                      op);
+    flag.check(op, "scale_inv must be finite and > 0");
+    return out;
+}
+
+int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
+
+// An FP8 matrix (rows x cols, inner stride 1) as cuBLASLt wants it: rows_p x
+// cols_p, row stride a multiple of 16 bytes, 16-byte aligned base.  Returned
+// as is when it already is; otherwise copied into a zero-padded buffer (zero
+// padding along K adds exact zeros; along N it adds output columns that the
+// caller drops).
+at::Tensor pack_fp8(const at::Tensor &t, int64_t rows_p, int64_t cols_p)
+{
+    const int64_t rows = t.size(0), cols = t.size(1);
+    const bool inner = t.stride(1) == 1 || cols <= 1;
+    const int64_t ld = rows > 1 ? t.stride(0) : cols_p;
+    if (inner && rows == rows_p && cols == cols_p && ld >= cols && ld % 16 == 0 &&
+        ((uintptr_t)t.data_ptr() & 15) == 0)
+        return t;
+    at::Tensor p = at::zeros({rows_p, cols_p}, t.options().dtype(at::kByte));
+    p.narrow(0, 0, rows).narrow(1, 0, cols).copy_(t.view(at::kByte));
+    return p.view(t.scalar_type());
+}
+
+fp8mix_mm_scale mm_scale_kind_cuda(const at::Tensor &s, int64_t outer, bool is_a, bool block_mode,
+                                   const at::Device &dev)
+{
+    const char *name = is_a ? "scale_a" : "scale_b";
+    TORCH_CHECK_TYPE(s.scalar_type() == at::kFloat, "fp8mix.scaled_mm: ", name, " must be float32, got ",
+                     s.scalar_type());
+    check_on(s, dev, "scaled_mm", name);
+    if (block_mode) return FP8MIX_MM_SCALE_BLOCK;
+    if (s.numel() == 1 && s.dim() <= 2) return FP8MIX_MM_SCALE_TENSOR;
+    if (s.dim() == 2 && (is_a ? (s.size(0) == outer && s.size(1) == 1) : (s.size(0) == 1 && s.size(1) == outer)))
+        return FP8MIX_MM_SCALE_OUTER;
+    TORCH_CHECK_VALUE(false, "fp8mix.scaled_mm: ", name, " has shape ", s.sizes(), "; expected a single value, ",
+                      is_a ? "(M, 1) per row, or (M, ceil(K/128)) per 1x128 block"
+                           : "(1, N) per column, or (ceil(K/128), ceil(N/128)) per 128x128 block");
+    return FP8MIX_MM_SCALE_TENSOR;
+}
+
+at::Tensor scaled_mm_cuda(const at::Tensor &a, const at::Tensor &b, const at::Tensor &scale_a,
+                          const at::Tensor &scale_b, const c10::optional<at::Tensor> &bias,
+                          c10::optional<at::ScalarType> out_dtype, c10::string_view accumulate,
+                          int64_t promote_interval)
+{
+    const char *op = "scaled_mm";
+    require_cuda(a, op, "a");
+    c10::cuda::CUDAGuard guard(a.device());
+    const at::Device dev = a.device();
+    check_on(b, dev, op, "b");
+    TORCH_CHECK_VALUE(a.dim() == 2 && b.dim() == 2, "fp8mix.scaled_mm: a and b must be 2-D, got ", a.dim(),
+                      "-D and ", b.dim(), "-D");
+    fp8mix_format fa = fp8_format(a.scalar_type(), op), fb = fp8_format(b.scalar_type(), op);
+    const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
+    TORCH_CHECK_VALUE(b.size(0) == K, "fp8mix.scaled_mm: inner dimensions differ: a is ", a.sizes(), ", b is ",
+                      b.sizes());
+    TORCH_CHECK_VALUE(!(fa == FP8MIX_E5M2 && fb == FP8MIX_E5M2),
+                      "fp8mix.scaled_mm: E5M2 x E5M2 is not supported by FP8 tensor cores (CUDA); "
+                      "use E4M3 for one operand (it runs on CPU)");
+    at::ScalarType odt = out_dtype.value_or(at::kFloat);
+    fp8mix_dtype ot = hp_dtype(odt, op);
+    TORCH_CHECK_VALUE(accumulate == "fp32" || accumulate == "fp22",
+                      "fp8mix.scaled_mm: accumulate must be 'fp32' or 'fp22', got '", std::string(accumulate), "'");
+    TORCH_CHECK_VALUE(promote_interval >= 0, "fp8mix.scaled_mm: promote_interval must be >= 0");
+    const int64_t kb = (K + 127) / 128, nb = (N + 127) / 128;
+    bool block_mode = scale_a.dim() == 2 && scale_b.dim() == 2 && scale_a.size(0) == M && scale_a.size(1) == kb &&
+                      scale_b.size(0) == kb && scale_b.size(1) == nb && !(scale_a.numel() == 1 && scale_b.numel() == 1);
+    fp8mix_mm_scale ka = mm_scale_kind_cuda(scale_a, M, true, block_mode, dev);
+    fp8mix_mm_scale kbk = mm_scale_kind_cuda(scale_b, N, false, block_mode, dev);
+    at::Tensor bias_t;
+    fp8mix_dtype bt = FP8MIX_F32;
+    if (bias.has_value() && bias->defined()) {
+        bias_t = bias->contiguous();
+        check_on(bias_t, dev, op, "bias");
+        bt = hp_dtype(bias_t, op, "bias");
+        TORCH_CHECK_VALUE(bias_t.dim() == 1 && bias_t.size(0) == N, "fp8mix.scaled_mm: bias must have shape (", N,
+                          "), got ", bias_t.sizes());
+    }
+    at::Tensor out = at::empty({M, N}, a.options().dtype(odt));
+    if (M == 0 || N == 0) return out;
+    if (K == 0) { // no products: bias (or +0), rounded once
+        out.zero_();
+        if (bias_t.defined()) out.copy_(bias_t.to(at::kFloat).unsqueeze(0).expand({M, N}));
+        return out;
+    }
+    // Operands in cuBLASLt's "TN" layout, K and N padded to multiples of 16.
+    const int64_t Kp = round_up(K, 16), Np = round_up(N, 16);
+    at::Tensor a2 = pack_fp8(a, M, Kp);
+    at::Tensor bt_rows = b.t(); // (N, K): row-major when b is column-major (torch's w.t())
+    if (!(bt_rows.stride(1) == 1 || K <= 1)) {
+        TORCH_WARN_ONCE("fp8mix.scaled_mm (CUDA): b is row-major (K, N); cuBLASLt FP8 needs it column-major "
+                        "(K-contiguous, e.g. w.t() of a row-major (N, K) weight), so it is transposed with a copy. "
+                        "Pass the FP8 transpose (cast with transpose=True) to avoid the extra pass.");
+        bt_rows = bt_rows.contiguous();
+    }
+    at::Tensor b2 = pack_fp8(bt_rows, Np, Kp);
+    // Scales in the layouts cuBLASLt reads.
+    at::Tensor sa, sb;
+    if (ka == FP8MIX_MM_SCALE_BLOCK) {
+        const int64_t Mp4 = round_up(M, 4), kbp = round_up(kb, 4), nbp = (Np + 127) / 128;
+        sa = at::ones({kb, Mp4}, scale_a.options());
+        sa.narrow(1, 0, M).copy_(scale_a.t());
+        sb = at::ones({nbp, kbp}, scale_b.options());
+        sb.narrow(0, 0, nb).narrow(1, 0, kb).copy_(scale_b.t());
+    } else if (ka == FP8MIX_MM_SCALE_TENSOR && kbk == FP8MIX_MM_SCALE_TENSOR) {
+        sa = scale_a.reshape({1}).contiguous();
+        sb = scale_b.reshape({1}).contiguous();
+    } else { // row-wise (a TENSOR partner is expanded)
+        sa = scale_a.reshape({-1}).expand({M}).contiguous();
+        sb = at::ones({Np}, scale_b.options());
+        sb.narrow(0, 0, N).copy_(scale_b.reshape({-1}).expand({N}));
+        ka = kbk = FP8MIX_MM_SCALE_OUTER;
+    }
+    at::Tensor biasp = bias_t;
+    if (bias_t.defined() && Np != N) {
+        biasp = at::zeros({Np}, bias_t.options());
+        biasp.narrow(0, 0, N).copy_(bias_t);
+    }
+    at::Tensor outp = Np == N ? out : at::empty({M, Np}, out.options());
+    at::Tensor ws = at::empty({(int64_t)(32u << 20)}, a.options().dtype(at::kByte));
+    fp8mix_cuda_gemm_args g;
+    std::memset(&g, 0, sizeof g);
+    g.m = M; g.n = Np; g.k = Kp;
+    g.a = (const uint8_t *)a2.data_ptr(); g.fmt_a = fa; g.lda = M > 1 ? a2.stride(0) : Kp;
+    g.b = (const uint8_t *)b2.data_ptr(); g.fmt_b = fb; g.ldb = b2.stride(0);
+    g.scale_a = sa.data_ptr<float>(); g.scale_a_kind = ka;
+    g.scale_b = sb.data_ptr<float>(); g.scale_b_kind = kbk;
+    g.out_t = ot;
+    g.fast_accum = accumulate == "fp22" && ka != FP8MIX_MM_SCALE_BLOCK;
+    g.workspace = ws.data_ptr();
+    g.workspace_size = (size_t)ws.numel();
+    auto stream = c10::cuda::getCurrentCUDAStream();
+    fp8mix_status st = FP8MIX_ERR_UNSUPPORTED;
+    if (biasp.defined() && fp8mix_cuda_gemm_bias_in_epilogue(bt, ot, ka)) {
+        g.bias = biasp.data_ptr(); g.bias_t = bt;
+        g.out = outp.data_ptr(); g.ldo = Np;
+        fp8mix_cuda_clear_error();
+        st = fp8mix_cuda_gemm(&g, stream);
+        if (st == FP8MIX_OK) return Np == N ? out : outp.narrow(1, 0, N).contiguous();
+        if (st != FP8MIX_ERR_UNSUPPORTED) check_cuda_status(st, op);
+        // no epilogue kernel for this combination: add the bias separately
+    }
+    g.bias = nullptr;
+    if (!biasp.defined()) {
+        g.out = outp.data_ptr(); g.ldo = Np;
+        check_cuda_status((fp8mix_cuda_clear_error(), fp8mix_cuda_gemm(&g, stream)), op);
+        return Np == N ? out : outp.narrow(1, 0, N).contiguous();
+    }
+    at::Tensor acc = ot == FP8MIX_F32 ? outp : at::empty({M, Np}, out.options().dtype(at::kFloat));
+    g.out = acc.data_ptr(); g.out_t = FP8MIX_F32; g.ldo = Np;
+    check_cuda_status((fp8mix_cuda_clear_error(), fp8mix_cuda_gemm(&g, stream)), op);
+    check_cuda_status((fp8mix_cuda_clear_error(), fp8mix_cuda_bias_add(acc.data_ptr<float>(), M, Np, Np, biasp.data_ptr(), bt, outp.data_ptr(), ot,
+                                           Np, stream)),
+                      op);
+    return Np == N ? out : outp.narrow(1, 0, N).contiguous();
+}
+
+// Delayed scaling of many tensors in one kernel (see fp8mix_cuda_delayed_update).
+void delayed_scale_update_cuda(at::TensorList amax_history, at::TensorList amax, at::TensorList scale,
+                               at::TensorList scale_inv, at::TensorList steps, at::ArrayRef<double> fp8_max,
+                               int64_t margin, bool pow2, c10::string_view algo, int64_t interval)
+{
+    const char *op = "delayed_scale_update";
+    const size_t n = amax_history.size();
+    TORCH_CHECK_VALUE(amax.size() == n && scale.size() == n && fp8_max.size() == n,
+                      "fp8mix.delayed_scale_update: amax_history, amax, scale and fp8_max must have equal lengths");
+    TORCH_CHECK_VALUE(scale_inv.empty() || scale_inv.size() == n, "fp8mix.delayed_scale_update: scale_inv must be "
+                      "empty or as long as amax_history");
+    TORCH_CHECK_VALUE(steps.empty() || steps.size() == n, "fp8mix.delayed_scale_update: steps must be empty or as "
+                      "long as amax_history");
+    TORCH_CHECK_VALUE(algo == "max" || algo == "most_recent",
+                      "fp8mix.delayed_scale_update: amax_compute_algo must be 'max' or 'most_recent'");
+    TORCH_CHECK_VALUE(margin >= 0 && margin <= 126, "fp8mix.delayed_scale_update: margin must be in [0, 126]");
+    TORCH_CHECK_VALUE(interval >= 1, "fp8mix.delayed_scale_update: interval must be >= 1");
+    if (n == 0) return;
+    require_cuda(amax_history[0], op, "amax_history");
+    c10::cuda::CUDAGuard guard(amax_history[0].device());
+    const at::Device dev = amax_history[0].device();
+    std::vector<fp8mix_cuda_delayed_entry> e(n);
+    for (size_t i = 0; i < n; i++) {
+        const at::Tensor &h = amax_history[i];
+        auto f32 = [&](const at::Tensor &t, const char *name, int64_t numel) {
+            TORCH_CHECK_TYPE(t.scalar_type() == at::kFloat, "fp8mix.delayed_scale_update: ", name,
+                             " must be float32");
+            check_on(t, dev, op, name);
+            TORCH_CHECK_VALUE(numel < 0 || t.numel() == numel, "fp8mix.delayed_scale_update: ", name, " must have ",
+                              numel, " element(s), got ", t.numel());
+        };
+        f32(h, "amax_history", -1);
+        TORCH_CHECK_VALUE(h.dim() == 1 && h.numel() >= 1, "fp8mix.delayed_scale_update: amax_history[", i,
+                          "] must be 1-D and non-empty (a column of an (L, k) buffer is fine)");
+        f32(amax[i], "amax", 1);
+        f32(scale[i], "scale", 1);
+        e[i].history = h.data_ptr<float>();
+        e[i].history_len = h.size(0);
+        e[i].history_stride = h.size(0) > 1 ? h.stride(0) : 1;
+        TORCH_CHECK_VALUE(e[i].history_stride >= 1, "fp8mix.delayed_scale_update: bad amax_history stride");
+        e[i].amax = amax[i].data_ptr<float>();
+        e[i].scale = scale[i].data_ptr<float>();
+        e[i].scale_inv = nullptr;
+        if (!scale_inv.empty()) {
+            f32(scale_inv[i], "scale_inv", 1);
+            e[i].scale_inv = scale_inv[i].data_ptr<float>();
+        }
+        e[i].steps = nullptr;
+        if (!steps.empty()) {
+            TORCH_CHECK_TYPE(steps[i].scalar_type() == at::kLong && steps[i].numel() == 1,
+                             "fp8mix.delayed_scale_update: steps must be single int64 values");
+            check_on(steps[i], dev, op, "steps");
+            e[i].steps = steps[i].data_ptr<int64_t>();
+        }
+        e[i].fp8_max = (float)fp8_max[i];
+    }
+    check_cuda_status((fp8mix_cuda_clear_error(), fp8mix_cuda_delayed_update(e.data(), (int64_t)n, (int)margin, pow2 ? 1 : 0,
+                                                 algo == "max" ? FP8MIX_AMAX_MAX : FP8MIX_AMAX_MOST_RECENT, interval,
+                                                 c10::cuda::getCurrentCUDAStream())),
+                      op);
+}
+
+void cuda_set_hw_convert(bool on) { fp8mix_cuda_set_hw_convert(on ? 1 : 0); }
+bool cuda_get_hw_convert() { return fp8mix_cuda_get_hw_convert() != 0; }
+
+} // namespace
+#endif // FP8MIX_WITH_CUDA
+
 TORCH_LIBRARY(fp8mix, m)
 {
     m.def("cast(Tensor x, Tensor scale, ScalarType fp8_dtype, int granularity, bool saturate=True, "
@@ -390,3 +801,26 @@ TORCH_LIBRARY_IMPL(fp8mix, CPU, m)
     m.impl("dequantize", &dequantize_cpu);
     m.impl("scaled_mm", &scaled_mm_cpu);
 }
+
+#ifdef FP8MIX_WITH_CUDA
+// Ops that exist only in CUDA builds.
+TORCH_LIBRARY_FRAGMENT(fp8mix, m)
+{
+    m.def("delayed_scale_update(Tensor(a!)[] amax_history, Tensor[] amax, Tensor(b!)[] scale, "
+          "Tensor(c!)[] scale_inv, Tensor(d!)[] steps, float[] fp8_max, int margin=0, bool power_2_scale=False, "
+          "str amax_compute_algo='max', int interval=1) -> ()");
+    m.def("cuda_set_hw_convert(bool on) -> ()", &cuda_set_hw_convert);
+    m.def("cuda_get_hw_convert() -> bool", &cuda_get_hw_convert);
+}
+
+TORCH_LIBRARY_IMPL(fp8mix, CUDA, m)
+{
+    m.impl("cast", &cast_cuda);
+    m.impl("quantize_current", &quantize_current_cuda);
+    m.impl("amax", &amax_cuda);
+    m.impl("compute_scale", &compute_scale_cuda);
+    m.impl("dequantize", &dequantize_cuda);
+    m.impl("scaled_mm", &scaled_mm_cuda);
+    m.impl("delayed_scale_update", &delayed_scale_update_cuda);
+}
+#endif // FP8MIX_WITH_CUDA

@@ -20,7 +20,8 @@ def _rows_cols(x: torch.Tensor):
     return rows, cols
 
 
-def _scale_shape(x: torch.Tensor, g: int):
+def scale_shape(x: torch.Tensor, g: int):
+    """Shape of the per-granularity scale / amax tensor of x (granularity code g)."""
     rows, cols = _rows_cols(x)
     lead = list(x.shape[:-1]) if x.dim() >= 1 else []
     if g == 0:
@@ -47,18 +48,18 @@ def _quantize_current_fake(x, fp8_dtype, granularity, margin=0, power_2_scale=Fa
     rows, cols = _rows_cols(x)
     q = x.new_empty(x.shape if want_q else (0,), dtype=fp8_dtype)
     qt = x.new_empty((cols, rows) if transpose else (0,), dtype=fp8_dtype)
-    s = _scale_shape(x, granularity)
+    s = scale_shape(x, granularity)
     return q, qt, x.new_empty(s, dtype=torch.float32), x.new_empty(s, dtype=torch.float32)
 
 
 @torch.library.register_fake("fp8mix::amax")
 def _amax_fake(x, granularity=0):
-    return x.new_empty(_scale_shape(x, granularity), dtype=torch.float32)
+    return x.new_empty(scale_shape(x, granularity), dtype=torch.float32)
 
 
 @torch.library.register_fake("fp8mix::compute_scale")
 def _compute_scale_fake(amax, fp8_dtype, margin=0, power_2_scale=False, amax_epsilon=0.0):
-    return torch.empty_like(amax), torch.empty_like(amax)
+    return amax.new_empty(amax.shape), amax.new_empty(amax.shape)  # contiguous, as the kernel
 
 
 @torch.library.register_fake("fp8mix::dequantize")
@@ -69,6 +70,12 @@ def _dequantize_fake(q, scale_inv, granularity, out_dtype):
 @torch.library.register_fake("fp8mix::scaled_mm")
 def _scaled_mm_fake(a, b, scale_a, scale_b, bias=None, out_dtype=None, accumulate="fp32", promote_interval=128):
     return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype or torch.float32)
+
+
+if torch._C._dispatch_has_kernel_for_dispatch_key("fp8mix::cast", "CUDA"):  # CUDA builds only
+    @torch.library.register_fake("fp8mix::delayed_scale_update")
+    def _delayed_scale_update_fake(*args, **kwargs):
+        return None
 
 
 cast = _ops.cast

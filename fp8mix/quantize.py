@@ -61,6 +61,11 @@ def _scale_tensor(scale, x: torch.Tensor, g: int, op: str) -> torch.Tensor:
     return scale
 
 
+def _inverse(scale: torch.Tensor, x: torch.Tensor, g: int) -> torch.Tensor:
+    """1/scale in the granularity's canonical shape (the op has checked the count)."""
+    return torch.reciprocal(scale.to(torch.float32)).reshape(ops.scale_shape(x, g))
+
+
 def quantize(x: torch.Tensor, fmt=Format.E4M3, scale=None, *, granularity: str = "tensor",
              rounding: str = "nearest", saturate: bool = True, seed: int | None = None,
              offset: int = 0, margin: int = 0, power_2_scale: bool = False,
@@ -100,8 +105,7 @@ def quantize(x: torch.Tensor, fmt=Format.E4M3, scale=None, *, granularity: str =
         return Float8Tensor(q, sinv, am, granularity)
     st = _scale_tensor(scale, x, g, "quantize")
     q, _, am = ops.cast(x, st, fp8_dtype(f), g, saturate, sr, s, offset)
-    sinv = torch.reciprocal(st.to(torch.float32))
-    return Float8Tensor(q, sinv, am, granularity)
+    return Float8Tensor(q, _inverse(st, x, g), am, granularity)
 
 
 def cast_transpose(x: torch.Tensor, fmt=Format.E4M3, scale=None, *, granularity: str = "tensor",
@@ -130,9 +134,7 @@ def cast_transpose(x: torch.Tensor, fmt=Format.E4M3, scale=None, *, granularity:
     else:
         st = _scale_tensor(scale, x, g, "cast_transpose")
         q, qt, am = ops.cast(x, st, fp8_dtype(f), g, saturate, sr, s, offset, True, True)
-        sinv = torch.reciprocal(st.to(torch.float32))
-        if g == 3:
-            sinv = sinv.reshape(qt.shape[1] and -1, (q.shape[-1] + 127) // 128) if sinv.dim() != 2 else sinv
+        sinv = _inverse(st, x, g)
     sinv_t = sinv.t().contiguous() if g == 3 else sinv
     return Float8Tensor(q, sinv, am, granularity), Float8Tensor(qt, sinv_t, am, granularity)
 

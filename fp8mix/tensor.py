@@ -24,7 +24,8 @@ class Float8Tensor:
             ``(*lead, 1)`` per row, ``(*lead, ceil(K/128))`` per 1x128 block,
             ``(ceil(R/128), ceil(K/128))`` per 128x128 block.
         fmt: ``Format.E4M3`` or ``Format.E5M2`` (follows ``data.dtype``).
-        amax: max |x| of the source tensor (shape of ``scale_inv``), or None if unknown.
+        amax: max |x| of the source: per tile (shape of ``scale_inv``) when the scales were
+            computed (current scaling), the whole tensor's when they were given; or None.
         granularity: ``"tensor"``, ``"row"``, ``"block"`` or ``"block2d"``.
     """
 
@@ -55,7 +56,7 @@ class Float8Tensor:
         return self.data.device
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """The represented values, ``data * scale_inv``, rounded once to `dtype`."""
+        """The represented values: ``data * scale_inv`` in float32, then rounded to `dtype`."""
         return ops.dequantize(self.data, self.scale_inv, GRANULARITIES[self.granularity], dtype)
 
     def t(self) -> "Float8Tensor":

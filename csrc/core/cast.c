@@ -16,7 +16,10 @@
 
 #define TC 4096 /* task width in columns (a multiple of FP8MIX_BLOCK) */
 #define TR 16   /* task height in rows, no transpose */
-#define TT 64   /* task edge for cast+transpose */
+#define TTR 64  /* task rows for cast+transpose (qt gets 64-byte row pieces) */
+#define TTC 512 /* task columns for cast+transpose (long contiguous reads of x) */
+#define TILE_LD (TTC + 16)
+#define TILET_LD (TTR + 8)
 #define CAST_GRAIN (1 << 17) /* elements per worker before threads pay off */
 
 /* ---- scalar segment kernels ----------------------------------------------- */
@@ -109,14 +112,17 @@ static void cast_task(void *ctx, int64_t task, int worker)
     int64_t r0 = (task / J->ntc) * J->tr, c0 = (task % J->ntc) * J->tc;
     int64_t r1 = r0 + J->tr < J->rows ? r0 + J->tr : J->rows;
     int64_t c1 = c0 + J->tc < J->cols ? c0 + J->tc : J->cols;
-    uint8_t scratch[TT * TT];
-    /* When only qt is wanted, rows are encoded into a scratch tile first. */
-    int use_scratch = J->qt && !J->q;
+    /* With a transpose, the tile is encoded into `tile`, transposed into `tileT`
+     * and both are copied out in whole rows.  The padded strides keep rows out of
+     * the same L1 sets; transposing straight between power-of-two strided
+     * tensors thrashes them. */
+    uint8_t tile[TTR * TILE_LD], tileT[TTC * TILET_LD];
+    int use_scratch = J->qt != NULL;
     uint32_t local = 0;
     for (int64_t i = r0; i < r1; i++) {
         const uint8_t *xrow = J->x + (size_t)(i * J->ld_x) * J->esz;
         /* qrow[j - c0] receives column j */
-        uint8_t *qrow = use_scratch ? scratch + (i - r0) * TT
+        uint8_t *qrow = use_scratch ? tile + (i - r0) * TILE_LD
                         : (J->q ? J->q + i * J->ld_q + c0 : NULL);
         if (J->current && J->gran == FP8MIX_GRAN_ROW) {
             /* fused: reduce the whole row, then cast it while it is in cache */
@@ -153,13 +159,12 @@ static void cast_task(void *ctx, int64_t task, int worker)
         }
     }
     if (J->qt) {
-        for (int64_t j = c0; j < c1; j++) {
-            uint8_t *dst = J->qt + j * J->ld_qt;
-            if (use_scratch)
-                for (int64_t i = r0; i < r1; i++) dst[i] = scratch[(i - r0) * TT + (j - c0)];
-            else
-                for (int64_t i = r0; i < r1; i++) dst[i] = J->q[i * J->ld_q + j];
-        }
+        if (J->q)
+            for (int64_t i = r0; i < r1; i++)
+                memcpy(J->q + i * J->ld_q + c0, tile + (i - r0) * TILE_LD, (size_t)(c1 - c0));
+        fp8mix_transpose_u8(tile, TILE_LD, tileT, TILET_LD, r1 - r0, c1 - c0);
+        for (int64_t j = c0; j < c1; j++)
+            memcpy(J->qt + j * J->ld_qt + r0, tileT + (j - c0) * TILET_LD, (size_t)(r1 - r0));
     }
     if (J->amax && !J->amax_only && !J->current) atomic_max_u32(J->amax, local);
 }
@@ -167,8 +172,8 @@ static void cast_task(void *ctx, int64_t task, int worker)
 static void run_job(cast_job *J)
 {
     if (J->qt) {
-        J->tr = TT;
-        J->tc = TT;
+        J->tr = TTR;
+        J->tc = TTC;
     } else {
         J->tr = TR;
         J->tc = TC;
@@ -196,9 +201,10 @@ static fp8mix_status common_checks(const void *x, fp8mix_dtype xt, int64_t rows,
 static fp8mix_status out_checks(int64_t rows, int64_t cols, const uint8_t *q, int64_t ld_q,
                                 const uint8_t *qt, int64_t ld_qt)
 {
-    if (!q && !qt) return FP8MIX_ERR_NULL_POINTER;
     if (q && bad_2d(rows, cols, ld_q)) return FP8MIX_ERR_BAD_SHAPE;
     if (qt && bad_2d(cols, rows, ld_qt)) return FP8MIX_ERR_BAD_SHAPE;
+    /* an empty tensor needs no output buffer (torch hands out NULL for 0 bytes) */
+    if (!q && !qt && rows > 0 && cols > 0) return FP8MIX_ERR_NULL_POINTER;
     return FP8MIX_OK;
 }
 

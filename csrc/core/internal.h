@@ -145,6 +145,16 @@ void fp8mix_dequant_seg_avx512(const uint8_t *q, int64_t n, const float *table,
                                float scale_inv, void *out, fp8mix_dtype out_t);
 #endif
 
+/* Byte transpose: dst[j * ld_dst + i] = src[i * ld_src + j] for i < rows, j < cols. */
+void fp8mix_transpose_u8(const uint8_t *src, int64_t ld_src, uint8_t *dst, int64_t ld_dst, int64_t rows,
+                         int64_t cols);
+void fp8mix_transpose_u8_ref(const uint8_t *src, int64_t ld_src, uint8_t *dst, int64_t ld_dst,
+                             int64_t rows, int64_t cols);
+#if FP8MIX_X86
+void fp8mix_transpose_u8_sse2(const uint8_t *src, int64_t ld_src, uint8_t *dst, int64_t ld_dst, int64_t rows,
+                              int64_t cols);
+#endif
+
 /* Random words rng_index .. rng_index + n - 1 into r[0..n). */
 void fp8mix_random_words(uint64_t seed, uint64_t offset_plus_index, int64_t n,
                          uint32_t *r);

@@ -180,7 +180,7 @@ uint32_t fp8mix_random_word(uint64_t seed, uint64_t offset, uint64_t n);
  *   qt     optional (NULL: none): cols x rows FP8 bytes, row stride ld_qt
  *          (>= rows); qt[j * ld_qt + i] == q[i * ld_q + j] (cast+transpose)
  *   amax   optional (NULL: none): one float32, max |x| over the whole input
- *   q and qt must not both be NULL.
+ *   q and qt must not both be NULL unless the tensor is empty.
  * Errors: NULL_POINTER, BAD_SHAPE, BAD_ENUM, BAD_SCALE (checked before any
  * byte is written). */
 fp8mix_status fp8mix_cast(const void *x, fp8mix_dtype xt, int64_t rows,
@@ -204,7 +204,8 @@ fp8mix_status fp8mix_amax(const void *x, fp8mix_dtype xt, int64_t rows,
  *        if pow2: scale = 2^floor(log2(scale)), taken from scale's exponent
  *        bits (so it never rounds up past the true value, never becomes inf);
  *        a scale that overflowed to inf becomes FLT_MAX (or 2^127 with pow2);
- *        a scale that underflowed to 0 becomes the smallest positive normal.
+ *        a scale below FLT_MIN (subnormal or 0) becomes FLT_MIN, so that
+ *        1 / scale stays finite.
  *   scale_inv[i] = 1 / scale[i] (correctly rounded; exact when pow2).
  * scale or scale_inv may be NULL when not wanted.  Errors: NULL_POINTER,
  * BAD_ENUM, BAD_ARG (margin < 0, epsilon negative or not finite). */

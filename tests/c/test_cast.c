@@ -296,8 +296,26 @@ static void test_compute_scale(void)
     CHECK(fp8mix_compute_scale(am, 1, FP8MIX_E4M3, -1, 0, 0.0f, s, inv) == FP8MIX_ERR_BAD_ARG, "margin");
 }
 
+static void test_transpose(void)
+{
+    /* every size below, at and between the 8x8 tile edges, with padded strides */
+    uint8_t src[40 * 45], ref[45 * 43], got[45 * 43];
+    for (int i = 0; i < 40 * 45; i++) src[i] = (uint8_t)(i * 37 + 11);
+    long bad = 0;
+    for (int r = 0; r <= 40; r++)
+        for (int c = 0; c <= 40; c += (c < 20 ? 1 : 7)) {
+            memset(ref, 0xAA, sizeof ref);
+            memset(got, 0xAA, sizeof got);
+            fp8mix_transpose_u8_ref(src, 45, ref, 43, r, c);
+            fp8mix_transpose_u8(src, 45, got, 43, r, c);
+            bad += memcmp(ref, got, sizeof ref) != 0;
+        }
+    CHECK(bad == 0, "%ld transpose shapes differ from the reference", bad);
+}
+
 int main(void)
 {
+    test_transpose();
     printf("cpu isa: %s\n", fp8mix_isa_name(fp8mix_cpu_isa()));
     test_philox();
     test_encode_ref();

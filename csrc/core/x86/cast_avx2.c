@@ -12,6 +12,8 @@
 
 typedef struct enc256 {
     __m256i emin, shift0, bexp, mbits, max_code, ovf_code, nan_code;
+    __m256i rnd, rebias, min_normal; /* round-to-nearest fast path */
+    __m256 magic;
 } enc256;
 
 static inline enc256 enc256_init(const fp8_params *p)
@@ -24,7 +26,30 @@ static inline enc256 enc256_init(const fp8_params *p)
     c.max_code = _mm256_set1_epi32((int)p->max_code);
     c.ovf_code = _mm256_set1_epi32((int)p->ovf_code);
     c.nan_code = _mm256_set1_epi32((int)p->nan_code);
+    c.rnd = _mm256_set1_epi32((1 << (22 - p->mbits)) - 1);
+    c.rebias = _mm256_set1_epi32((127 - p->bias) << p->mbits);
+    c.min_normal = _mm256_set1_epi32((127 + p->emin) << 23);
+    c.magic = _mm256_castsi256_ps(_mm256_set1_epi32((127 + p->emin - p->mbits + 23) << 23));
     return c;
+}
+
+/* Round to nearest even, fast path (see cast_avx512.c's encode16_rne). */
+static inline __m256i encode8_rne(const enc256 *c, __m256 y)
+{
+    const __m256i one = _mm256_set1_epi32(1);
+    __m256i bits = _mm256_castps_si256(y);
+    __m256i sign = _mm256_and_si256(_mm256_srli_epi32(bits, 24), _mm256_set1_epi32(0x80));
+    __m256i a = _mm256_and_si256(bits, _mm256_set1_epi32(0x7FFFFFFF));
+    __m256i nan = _mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x7F800000));
+    __m256i lsb = _mm256_and_si256(_mm256_srlv_epi32(a, c->shift0), one);
+    __m256i r = _mm256_add_epi32(a, _mm256_add_epi32(c->rnd, lsb));
+    __m256i code = _mm256_sub_epi32(_mm256_srlv_epi32(r, c->shift0), c->rebias);
+    __m256i sub = _mm256_sub_epi32(
+        _mm256_castps_si256(_mm256_add_ps(_mm256_castsi256_ps(a), c->magic)), _mm256_castps_si256(c->magic));
+    code = _mm256_blendv_epi8(code, sub, _mm256_cmpgt_epi32(c->min_normal, a));
+    code = _mm256_blendv_epi8(code, c->ovf_code, _mm256_cmpgt_epi32(code, c->max_code));
+    code = _mm256_blendv_epi8(code, c->nan_code, nan);
+    return _mm256_or_si256(code, sign);
 }
 
 static inline __m256i encode8(const enc256 *c, __m256 y, int stochastic, __m256i r)
@@ -109,7 +134,8 @@ void fp8mix_cast_seg_avx2(const void *x, fp8mix_dtype xt, int64_t n, float scale
             }
             r = _mm256_loadu_si256((const __m256i *)(rbuf + (i & 63)));
         }
-        store8_bytes(q + i, encode8(&c, _mm256_mul_ps(v, s), sr, r));
+        __m256 y = _mm256_mul_ps(v, s);
+        store8_bytes(q + i, sr ? encode8(&c, y, 1, r) : encode8_rne(&c, y));
     }
     uint32_t lanes[8];
     _mm256_storeu_si256((__m256i *)lanes, m);

@@ -10,6 +10,8 @@
 
 typedef struct enc512 {
     __m512i emin, shift0, bexp, mbits, max_code, ovf_code, nan_code;
+    __m512i rnd, rebias, min_normal; /* round-to-nearest fast path */
+    __m512 magic;
 } enc512;
 
 static inline enc512 enc512_init(const fp8_params *p)
@@ -22,7 +24,33 @@ static inline enc512 enc512_init(const fp8_params *p)
     c.max_code = _mm512_set1_epi32((int)p->max_code);
     c.ovf_code = _mm512_set1_epi32((int)p->ovf_code);
     c.nan_code = _mm512_set1_epi32((int)p->nan_code);
+    c.rnd = _mm512_set1_epi32((1 << (22 - p->mbits)) - 1);
+    c.rebias = _mm512_set1_epi32((127 - p->bias) << p->mbits);
+    c.min_normal = _mm512_set1_epi32((127 + p->emin) << 23);
+    c.magic = _mm512_castsi512_ps(_mm512_set1_epi32((127 + p->emin - p->mbits + 23) << 23));
     return c;
+}
+
+/* Round to nearest even, fast path with the same results as fp8_encode:
+ * normals round at the kept mantissa bit by integer add (a carry moves to the
+ * next binade); FP8 subnormals are rounded by the FPU, adding a power of two
+ * whose ulp is the FP8 subnormal spacing (IEEE add, nearest even). */
+static inline __m512i encode16_rne(const enc512 *c, __m512 y)
+{
+    const __m512i one = _mm512_set1_epi32(1);
+    __m512i bits = _mm512_castps_si512(y);
+    __m512i sign = _mm512_and_si512(_mm512_srli_epi32(bits, 24), _mm512_set1_epi32(0x80));
+    __m512i a = _mm512_and_si512(bits, _mm512_set1_epi32(0x7FFFFFFF));
+    __mmask16 nan = _mm512_cmpgt_epu32_mask(a, _mm512_set1_epi32(0x7F800000));
+    __m512i lsb = _mm512_and_si512(_mm512_srlv_epi32(a, c->shift0), one);
+    __m512i r = _mm512_add_epi32(a, _mm512_add_epi32(c->rnd, lsb));
+    __m512i code = _mm512_sub_epi32(_mm512_srlv_epi32(r, c->shift0), c->rebias);
+    __m512i sub = _mm512_sub_epi32(
+        _mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(a), c->magic)), _mm512_castps_si512(c->magic));
+    code = _mm512_mask_mov_epi32(code, _mm512_cmplt_epu32_mask(a, c->min_normal), sub);
+    code = _mm512_mask_mov_epi32(code, _mm512_cmpgt_epi32_mask(code, c->max_code), c->ovf_code);
+    code = _mm512_mask_mov_epi32(code, nan, c->nan_code);
+    return _mm512_or_si512(code, sign);
 }
 
 /* 16 float32 values (already scaled) to 16 codes, one per dword. */
@@ -101,7 +129,8 @@ void fp8mix_cast_seg_avx512(const void *x, fp8mix_dtype xt, int64_t n, float sca
             if ((i & 63) == 0) fp8mix_random_words(seed, rng_start + (uint64_t)i, left < 64 ? left : 64, rbuf);
             r = _mm512_maskz_loadu_epi32(k, rbuf + (i & 63));
         }
-        __m512i code = encode16(&c, _mm512_mul_ps(v, s), sr, r);
+        __m512 y = _mm512_mul_ps(v, s);
+        __m512i code = sr ? encode16(&c, y, 1, r) : encode16_rne(&c, y);
         _mm_mask_storeu_epi8(q + i, k, _mm512_cvtepi32_epi8(code));
     }
     uint32_t mm = _mm512_reduce_max_epu32(m);

@@ -1,0 +1,27 @@
+/*
+ * transpose.c — byte-matrix transpose (dst[j][i] = src[i][j]) for the
+ * cast+transpose path: the scalar reference, and the dispatch to the SSE2
+ * 8x8-tile kernel on x86-64 (SSE2 is part of the x86-64 baseline).
+ */
+#include "internal.h"
+
+void fp8mix_transpose_u8_ref(const uint8_t *src, int64_t ld_src, uint8_t *dst, int64_t ld_dst,
+                             int64_t rows, int64_t cols)
+{
+    for (int64_t j = 0; j < cols; j++)
+        for (int64_t i = 0; i < rows; i++) dst[j * ld_dst + i] = src[i * ld_src + j];
+}
+
+void fp8mix_transpose_u8(const uint8_t *src, int64_t ld_src, uint8_t *dst, int64_t ld_dst, int64_t rows,
+                         int64_t cols)
+{
+#if FP8MIX_X86
+    int64_t r8 = rows & ~(int64_t)7, c8 = cols & ~(int64_t)7;
+    fp8mix_transpose_u8_sse2(src, ld_src, dst, ld_dst, r8, c8);
+    /* the ragged right and bottom edges */
+    fp8mix_transpose_u8_ref(src + c8, ld_src, dst + c8 * ld_dst, ld_dst, rows, cols - c8);
+    fp8mix_transpose_u8_ref(src + r8 * ld_src, ld_src, dst + r8, ld_dst, rows - r8, c8);
+#else
+    fp8mix_transpose_u8_ref(src, ld_src, dst, ld_dst, rows, cols);
+#endif
+}
