@@ -1,14 +1,29 @@
 """Build fp8mix: the C core (csrc/core, via `make core`) as a static library,
-linked into one torch extension, fp8mix._C, made from csrc/torch_ops.cpp.
+linked into one torch extension, fp8mix._C, made from csrc/torch_ops.cpp and,
+in a CUDA build, the CUDA kernels and the cuBLASLt GEMM (csrc/cuda/*.cu).
 
+Which build:
+  * CUDA (CUDAExtension, FP8MIX_WITH_CUDA defined, sm_89 + sm_90 code and
+    compute_90 PTX, linked with cuBLASLt) when torch was built with CUDA
+    (torch.version.cuda) and nvcc is found (CUDA_HOME / PATH);
+  * otherwise CPU only (CppExtension).
+  FP8MIX_FORCE_CPU=1 forces the CPU build; FP8MIX_FORCE_CUDA=1 forces the CUDA
+  build and fails with a message when it cannot be done.
 The C core is built by the Makefile because its SIMD variant files need their
 own -m flags and it must also build alone (tests, sanitizers, fuzzers).
-Environment: CC picks the C compiler; FP8MIX_MAKE the make program.
+No fast-math anywhere (it breaks the NaN and rounding rules).
+Environment: CC picks the C compiler; FP8MIX_MAKE the make program;
+FP8MIX_CUDA_ARCHS (e.g. "89;90") overrides the GPU architectures.
 """
+import glob
+import importlib.util
 import os
+import shutil
 import subprocess
+import sys
 
 from setuptools import setup
+import torch
 from torch.utils.cpp_extension import BuildExtension, CppExtension
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -24,16 +39,105 @@ class BuildWithCore(BuildExtension):
         super().build_extensions()
 
 
-ext = CppExtension(
-    name="fp8mix._C",
-    sources=["csrc/torch_ops.cpp"],
-    include_dirs=[os.path.join(ROOT, "csrc", "include")],
-    extra_objects=[CORE_LIB],
-    extra_compile_args=["-O2", "-fno-fast-math"],
-    extra_link_args=["-lpthread"],
-)
+def _flag(name):
+    return os.environ.get(name, "") not in ("", "0")
+
+
+def _nvcc():
+    """Path of nvcc (the one torch's CUDA_HOME points at, else PATH), or None."""
+    try:
+        from torch.utils.cpp_extension import CUDA_HOME
+    except Exception:  # pragma: no cover - very old torch
+        CUDA_HOME = None
+    if CUDA_HOME:
+        p = os.path.join(CUDA_HOME, "bin", "nvcc")
+        if os.path.exists(p):
+            return p
+    return shutil.which("nvcc")
+
+
+def _nvidia_dirs(sub):
+    """<site-packages>/nvidia/*/<sub> of the pip CUDA packages torch depends on
+    (CUDA 13 wheels: nvidia/cu13/...; CUDA 12: nvidia/cublas/...)."""
+    spec = importlib.util.find_spec("nvidia")
+    out = []
+    for base in (spec.submodule_search_locations if spec else []) or []:
+        out += sorted(glob.glob(os.path.join(base, "*", sub)))
+    return out
+
+
+def _cublaslt(cuda_home):
+    """(include dirs, link args) for cuBLASLt: the toolkit's, else the pip package's."""
+    incs, link = [], []
+    tk_inc = os.path.join(cuda_home, "include") if cuda_home else None
+    if not (tk_inc and os.path.exists(os.path.join(tk_inc, "cublasLt.h"))):
+        incs = [d for d in _nvidia_dirs("include") if os.path.exists(os.path.join(d, "cublasLt.h"))]
+        if not incs:
+            sys.exit("fp8mix: CUDA build needs cublasLt.h (CUDA toolkit or the pip package nvidia-cublas); not found")
+    # Other headers torch's CUDA headers may pull in (cusparse.h, ...) from the pip packages too.
+    incs += [d for d in _nvidia_dirs("include") if d not in incs]
+    for d in ([os.path.join(cuda_home, "lib64"), os.path.join(cuda_home, "lib")] if cuda_home else []):
+        if os.path.exists(os.path.join(d, "libcublasLt.so")):
+            return incs, [f"-L{d}", "-lcublasLt"]
+    for d in _nvidia_dirs("lib"):
+        libs = sorted(glob.glob(os.path.join(d, "libcublasLt.so*")))
+        if libs:
+            return incs, [libs[0], f"-Wl,-rpath,{d}"]
+    sys.exit("fp8mix: CUDA build needs libcublasLt (CUDA toolkit or the pip package nvidia-cublas); not found")
+
+
+def _cuda_ext():
+    from torch.utils.cpp_extension import CUDA_HOME, CUDAExtension
+
+    archs = [a.strip() for a in os.environ.get("FP8MIX_CUDA_ARCHS", "89;90").replace(",", ";").split(";") if a.strip()]
+    gencode = []
+    for a in archs:
+        gencode += ["-gencode", f"arch=compute_{a},code=sm_{a}"]
+    gencode += ["-gencode", f"arch=compute_{archs[-1]},code=compute_{archs[-1]}"]  # PTX for newer GPUs
+    incs, link = _cublaslt(CUDA_HOME)
+    return CUDAExtension(
+        name="fp8mix._C",
+        sources=["csrc/torch_ops.cpp"] + sorted(glob.glob("csrc/cuda/*.cu")),
+        include_dirs=[os.path.join(ROOT, "csrc", "include")] + incs,
+        define_macros=[("FP8MIX_WITH_CUDA", None)],
+        extra_objects=[CORE_LIB],
+        extra_compile_args={
+            "cxx": ["-O2", "-fno-fast-math"],
+            "nvcc": ["-O3", "-std=c++17", "-Xcompiler", "-fno-fast-math"] + gencode,
+        },
+        extra_link_args=["-lpthread"] + link,
+    )
+
+
+def _cpu_ext():
+    return CppExtension(
+        name="fp8mix._C",
+        sources=["csrc/torch_ops.cpp"],
+        include_dirs=[os.path.join(ROOT, "csrc", "include")],
+        extra_objects=[CORE_LIB],
+        extra_compile_args=["-O2", "-fno-fast-math"],
+        extra_link_args=["-lpthread"],
+    )
+
+
+def _choose():
+    force_cpu, force_cuda = _flag("FP8MIX_FORCE_CPU"), _flag("FP8MIX_FORCE_CUDA")
+    if force_cpu and force_cuda:
+        sys.exit("fp8mix: FP8MIX_FORCE_CPU and FP8MIX_FORCE_CUDA are both set; pick one")
+    if force_cpu:
+        return _cpu_ext()
+    nvcc = _nvcc()
+    if torch.version.cuda and nvcc:
+        print(f"fp8mix: CUDA build (torch CUDA {torch.version.cuda}, nvcc {nvcc})")
+        return _cuda_ext()
+    if force_cuda:
+        sys.exit("fp8mix: FP8MIX_FORCE_CUDA=1 but a CUDA build is not possible: "
+                 f"torch.version.cuda={torch.version.cuda!r} (a CUDA build of torch is needed), "
+                 f"nvcc={'found at ' + nvcc if nvcc else 'not found (set CUDA_HOME or PATH)'}")
+    return _cpu_ext()
+
 
 setup(
-    ext_modules=[ext],
+    ext_modules=[_choose()],
     cmdclass={"build_ext": BuildWithCore},
 )

@@ -1,0 +1,207 @@
+/*
+ * fp8mix_cuda.h — the CUDA entry points of the fp8mix engine.
+ *
+ * The same operations as fp8mix.h, run on an NVIDIA GPU, with the same numeric
+ * rules (read fp8mix.h first: encoding, stochastic rounding and its Philox
+ * stream, amax, scale granularities, compute_scale).  For equal inputs the FP8
+ * bytes, amaxes and scales are bit-identical to the CPU entry points.
+ *
+ * Conventions (in addition to fp8mix.h's)
+ *   - Every data pointer (inputs, outputs, scales, amax) is a DEVICE pointer of
+ *     the current device.  Nothing is read from or copied to the host, and no
+ *     launcher synchronises: each enqueues its work on `stream` and returns.
+ *   - Every launcher returns an fp8mix_status.  Arguments that the host can see
+ *     (enums, shapes, NULL pointers, alignment) are checked before anything is
+ *     enqueued.  A CUDA launch or runtime error gives FP8MIX_ERR_UNSUPPORTED
+ *     (FP8MIX_ERR_NO_MEMORY for an allocation failure); the detail is in
+ *     fp8mix_cuda_last_error().  Errors of kernels that already ran
+ *     asynchronously surface, as usual in CUDA, at a later synchronisation.
+ *   - Scales live on the device, so their validity (finite and > 0) cannot be
+ *     checked before launch without a sync.  Instead, launchers that take scales
+ *     accept an optional device int `scale_status` (NULL: none): a kernel that
+ *     meets an invalid scale stores FP8MIX_ERR_BAD_SCALE there (it never writes
+ *     FP8MIX_OK; the caller zeroes it).  The output is still written, computed
+ *     with the invalid scale (NaN/inf scales give NaN / saturated bytes): unlike
+ *     the CPU, the bytes are not left untouched.  The torch layer reads the flag
+ *     only when asked to (env FP8MIX_CUDA_CHECK_SCALES=1), since reading it costs
+ *     a host sync.
+ *   - Kernels use 16-byte vector loads and stores when cols is a multiple of 16,
+ *     every ld is a multiple of 16 and the base pointers are 16-byte aligned;
+ *     otherwise a scalar path (same bytes).  All indexing is 64-bit.
+ *   - Host-side state (the cuBLASLt handle per device, heuristic cache) is
+ *     created on first use, guarded by a mutex, and never freed before exit.
+ *
+ * Not covered: the FP22 accumulation model of fp8mix_gemm (on the GPU the
+ * tensor cores' own accumulation is used; see fp8mix_cuda_gemm).
+ */
+#ifndef FP8MIX_CUDA_H
+#define FP8MIX_CUDA_H
+
+#include <cuda_runtime_api.h>
+
+#include "fp8mix.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A static, per-thread English description of the last CUDA / cuBLASLt error a
+ * launcher met on this thread ("" when none).  Valid until the next call. */
+const char *fp8mix_cuda_last_error(void);
+/* Empties this thread's last-error message (callers do so before a launcher
+ * call so that a message is never a stale one). */
+void fp8mix_cuda_clear_error(void);
+
+/* Saturating round-to-nearest casts may use the sm_89+ FP8 convert instruction
+ * (after a NaN fix-up, the same bytes as the integer encoder; the tests check
+ * both).  on != 0 (the default): allowed; 0: always the integer encoder.
+ * Process-wide; read at each launch. */
+void fp8mix_cuda_set_hw_convert(int on);
+int fp8mix_cuda_get_hw_convert(void);
+
+/* ---- casts (see fp8mix_cast etc. in fp8mix.h for the full contracts) ------- */
+
+/* Scale + cast (+ transpose) + amax, as fp8mix_cast.
+ *   x      rows x cols of xt, row stride ld_x
+ *   scale  device float32, the shape of gran's scale array
+ *   q      rows x cols bytes (ld_q) or NULL; qt cols x rows bytes (ld_qt) or NULL
+ *   amax   device float or NULL: zeroed on `stream` first, then max |x|
+ *   scale_status  optional device int, see "Conventions"
+ * With qt the kernel reads x once and writes q and qt from a shared-memory tile. */
+fp8mix_status fp8mix_cuda_cast(const void *x, fp8mix_dtype xt, int64_t rows, int64_t cols, int64_t ld_x,
+                               fp8mix_granularity gran, const float *scale, uint8_t *q, int64_t ld_q,
+                               uint8_t *qt, int64_t ld_qt, float *amax, int *scale_status,
+                               const fp8mix_cast_opts *opts, cudaStream_t stream);
+
+/* amax per granularity into out (device, gran's scale-array shape), as fp8mix_amax. */
+fp8mix_status fp8mix_cuda_amax(const void *x, fp8mix_dtype xt, int64_t rows, int64_t cols, int64_t ld_x,
+                               fp8mix_granularity gran, float *out, cudaStream_t stream);
+
+/* fp8mix_compute_scale elementwise over n device floats; scale / scale_inv may be NULL. */
+fp8mix_status fp8mix_cuda_compute_scale(const float *amax, int64_t n, fp8mix_format fmt, int margin, int pow2,
+                                        float amax_epsilon, float *scale, float *scale_inv, cudaStream_t stream);
+
+/* Current scaling, as fp8mix_quantize_current.  scale_inv and amax_out are
+ * REQUIRED here (device, gran's scale-array shape): amax_out doubles as the
+ * scratch the cast reads its amax from.  ROW and BLOCK without qt: one fused
+ * kernel (each tile reduced, scaled and cast by one thread group, x read once);
+ * otherwise amax kernel -> compute_scale kernel -> cast kernel (which derives
+ * each tile's scale from amax_out), all on `stream`, no host sync. */
+fp8mix_status fp8mix_cuda_quantize_current(const void *x, fp8mix_dtype xt, int64_t rows, int64_t cols,
+                                           int64_t ld_x, fp8mix_granularity gran, int margin, int pow2,
+                                           float amax_epsilon, uint8_t *q, int64_t ld_q, uint8_t *qt,
+                                           int64_t ld_qt, float *scale_inv, float *amax_out,
+                                           const fp8mix_cast_opts *opts, cudaStream_t stream);
+
+/* Dequantise, as fp8mix_dequantize (scale_status: see "Conventions"). */
+fp8mix_status fp8mix_cuda_dequantize(const uint8_t *q, fp8mix_format fmt, int64_t rows, int64_t cols,
+                                     int64_t ld_q, fp8mix_granularity gran, const float *scale_inv, void *out,
+                                     fp8mix_dtype out_t, int64_t ld_out, int *scale_status, cudaStream_t stream);
+
+/* ---- delayed scaling: one kernel updates many tensors ---------------------- */
+
+typedef enum fp8mix_amax_algo { FP8MIX_AMAX_MAX = 0, FP8MIX_AMAX_MOST_RECENT = 1 } fp8mix_amax_algo;
+
+/* One tensor's delayed-scaling state (all pointers device pointers). */
+typedef struct fp8mix_cuda_delayed_entry {
+    float *history;          /* L entries, newest first: history[k * history_stride] */
+    int64_t history_len;     /* L >= 1 */
+    int64_t history_stride;  /* >= 1 (e.g. 3 for one column of an (L, 3) buffer) */
+    const float *amax;       /* the amax to record (one float) */
+    float *scale;            /* in/out: the scale */
+    float *scale_inv;        /* optional out (NULL: none): 1 / scale after the update */
+    int64_t *steps;          /* optional in/out (NULL: none): records so far, += 1 */
+    float fp8_max;           /* 448 or 57344 (the tensor's format max) */
+} fp8mix_cuda_delayed_entry;
+
+/* For each entry, in one kernel (one launch per FP8MIX_CUDA_DELAYED_PER_LAUNCH
+ * entries; the entry table travels in the kernel parameters, nothing is copied):
+ *   roll the history by one (history[k] = history[k-1]), history[0] = *amax;
+ *   a = max(history) (NaN if any entry is NaN) or history[0] (MOST_RECENT);
+ *   s = fp8mix_compute_scale(a, fp8_max, margin, pow2, epsilon 0)   (inf -> FLT_MAX);
+ *   if steps: *steps += 1;
+ *   ok = a finite and > 0, and (steps == NULL or *steps % interval == 0);
+ *   *scale = ok ? s : *scale;  scale_inv (if any) = 1 / *scale.
+ * `entries` is a HOST array.  Errors: NULL_POINTER, BAD_ARG (history_len or
+ * stride < 1, margin outside [0,126], interval < 1), BAD_ENUM (algo). */
+#define FP8MIX_CUDA_DELAYED_PER_LAUNCH 128
+fp8mix_status fp8mix_cuda_delayed_update(const fp8mix_cuda_delayed_entry *entries, int64_t n, int margin,
+                                         int pow2, fp8mix_amax_algo algo, int64_t interval, cudaStream_t stream);
+
+/* ---- scaled GEMM through cuBLASLt ------------------------------------------- */
+
+/* out[M,N] = (A * scale_a) @ (B * scale_b) + bias, on FP8 tensor cores (sm_89+).
+ * Layout ("TN", both operands contiguous along K):
+ *   a    M x K row-major, row stride lda (a multiple of 16, >= K)
+ *   b    K x N column-major: B(p, j) = b[j * ldb + p] (torch: w.t() of a row-major
+ *        (N, K) weight); ldb a multiple of 16, >= K.  Row-major B is not accepted.
+ *   out  M x N row-major, row stride ldo (>= N; ldo * sizeof(out) a multiple of 16)
+ * K and N must be multiples of 16, a / b / out 16-byte aligned.  E5M2 x E5M2 is
+ * not supported by the hardware (UNSUPPORTED).
+ * Scales (dequantisation factors, device float32), both of one kind except that
+ * TENSOR can pair with OUTER (the caller expands it; BAD_ARG otherwise):
+ *   TENSOR  one float each
+ *   OUTER   scale_a: M floats (one per row), scale_b: N floats (one per column)
+ *           (cuBLASLt OUTER_VEC_32F; cuBLAS >= 12.9, sm_90+)
+ *   BLOCK   GEMM-ready layouts (cuBLASLt VEC128_32F for A, BLK128x128_32F for B;
+ *           cuBLAS >= 12.9, sm_90):
+ *           scale_a: (ceil(K/128), roundup(M, 4)) row-major, sa[kb * roundup(M,4) + i]
+ *           scale_b: (ceil(N/128), roundup(ceil(K/128), 4)) row-major,
+ *                    sb[nb * roundup(ceil(K/128),4) + kb]
+ *           (the C API's (M, ceil(K/128)) / (ceil(K/128), ceil(N/128)) arrays are
+ *           transposed and padded into these by the caller).
+ * bias: NULL or N values.  The cuBLASLt epilogue takes it when bias_t == out_t
+ *   (bf16/f16 outputs) or bias_t is BF16 with an F32 output, and never with BLOCK
+ *   scales; other combinations give UNSUPPORTED: add it afterwards with
+ *   fp8mix_cuda_bias_add (fp8mix_cuda_gemm_bias_in_epilogue says which).
+ * fast_accum: 0 (default) keeps cuBLASLt's periodic promotion of the FP8
+ *   accumulator to float32; 1 uses the faster, less accurate accumulation
+ *   (CUBLASLT_MATMUL_DESC_FAST_ACCUM; not allowed with BLOCK scales).
+ * workspace: device memory of workspace_size bytes for cuBLASLt; NULL uses a
+ *   per-device workspace cached by the library (32 MiB; then concurrent calls on
+ *   different streams of one device must not overlap — pass your own workspace,
+ *   e.g. from a stream-ordered allocator, when they can).
+ * The handle is cached per device and the heuristic's algorithm per problem
+ * (M, N, K, lds, types, scale kinds, bias, fast_accum, pointer alignment) in a
+ * small fixed-size cache.  cuBLASLt status -> fp8mix_status: NOT_SUPPORTED or no
+ * heuristic result -> UNSUPPORTED, INVALID_VALUE -> BAD_ARG, ALLOC_FAILED ->
+ * NO_MEMORY, anything else -> UNSUPPORTED; details in fp8mix_cuda_last_error. */
+typedef struct fp8mix_cuda_gemm_args {
+    int64_t m, n, k;
+    const uint8_t *a;
+    fp8mix_format fmt_a;
+    int64_t lda;
+    const uint8_t *b;
+    fp8mix_format fmt_b;
+    int64_t ldb;
+    const float *scale_a;
+    fp8mix_mm_scale scale_a_kind;
+    const float *scale_b;
+    fp8mix_mm_scale scale_b_kind;
+    const void *bias;
+    fp8mix_dtype bias_t;
+    void *out;
+    fp8mix_dtype out_t;
+    int64_t ldo;
+    int fast_accum;
+    void *workspace;
+    size_t workspace_size;
+} fp8mix_cuda_gemm_args;
+
+fp8mix_status fp8mix_cuda_gemm(const fp8mix_cuda_gemm_args *args, cudaStream_t stream);
+
+/* Nonzero when fp8mix_cuda_gemm can add a bias of bias_t to an out_t output with
+ * these scale kinds in its epilogue. */
+int fp8mix_cuda_gemm_bias_in_epilogue(fp8mix_dtype bias_t, fp8mix_dtype out_t, fp8mix_mm_scale scale_kind);
+
+/* out[i, j] = round_to_out_t(acc[i, j] + bias[j]) in float32 (one rounding).
+ * acc float32 rows x cols (ld_acc); bias N values of bias_t (widened exactly);
+ * out may alias acc when out_t is F32 and ld_out == ld_acc. */
+fp8mix_status fp8mix_cuda_bias_add(const float *acc, int64_t rows, int64_t cols, int64_t ld_acc, const void *bias,
+                                   fp8mix_dtype bias_t, void *out, fp8mix_dtype out_t, int64_t ld_out,
+                                   cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FP8MIX_CUDA_H */
