@@ -295,7 +295,8 @@ fp8mix_mm_scale mm_scale_kind(const at::Tensor &s, int64_t outer, int64_t blocks
     TORCH_CHECK_VALUE(false, "fp8mix.scaled_mm: ", name, " has shape ", s.sizes(), "; expected a single value, ",
                       is_a ? "(M, 1) per row, or (M, ceil(K/128)) per 1x128 block"
                            : "(1, N) per column, or (ceil(K/128), ceil(N/128)) per 128x128 block",
-                      " (M, N, K, ceil(K/128), ceil(outer/128) = ", outer, ", ", blocks_k, ", ", blocks_outer, ")");
+                      " (here ", is_a ? "M = " : "N = ", outer, ", ceil(K/128) = ", blocks_k, ", ceil(",
+                      is_a ? "M" : "N", "/128) = ", blocks_outer, ")");
     return FP8MIX_MM_SCALE_TENSOR;
 }
 
@@ -319,7 +320,7 @@ at::Tensor scaled_mm_cpu(const at::Tensor &a, const at::Tensor &b, const at::Ten
                       "fp8mix.scaled_mm: accumulate must be 'fp32' or 'fp22', got '", std::string(accumulate), "'");
     TORCH_CHECK_VALUE(promote_interval >= 0, "fp8mix.scaled_mm: promote_interval must be >= 0");
     at::Tensor ac = (a.stride(1) == 1 && (M <= 1 || a.stride(0) >= K)) ? a : a.contiguous();
-    const int64_t lda = M > 1 ? ac.stride(0) : (K > 0 ? K : 1);
+    const int64_t lda = (M > 1 && K > 0) ? ac.stride(0) : (K > 0 ? K : 1);
     BView bv = b_view(b);
     const int64_t kb = (K + 127) / 128, mb = (M + 127) / 128, nb = (N + 127) / 128;
     (void)mb;
