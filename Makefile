@@ -6,6 +6,8 @@
 #   make test-c   build and run the standalone C tests
 #   make SAN=1 test-c   the same under AddressSanitizer + UBSan
 #   make cuda-check     compile every .cu file with nvcc (no GPU needed)
+#   make fuzz FUZZ_SECONDS=60   libFuzzer targets (clang) over the C API
+#   make valgrind       the C tests under valgrind memcheck
 
 PYTHON   ?= python3
 VENV     ?= .venv
@@ -57,6 +59,58 @@ $(BUILD)/tests/%: tests/c/%.c tests/c/check.h $(CORE_LIB)
 
 test-c: $(CTEST_BIN)
 	@set -e; for t in $(CTEST_BIN); do echo "== $$t"; $$t; done
+
+# ---- fuzzing: libFuzzer + ASan + UBSan, clang ------------------------------
+# Needs clang and libFuzzer (Debian: apt-get install clang libfuzzer-14-dev).
+FUZZ_CC      ?= clang
+FUZZ_SECONDS ?= 60
+FUZZ_BUILD   ?= build/fuzz
+FUZZ_TARGETS := cast quantize gemm philox
+FUZZ_CFLAGS  := -std=c11 -g -O1 -fno-omit-frame-pointer -ffp-contract=off -fno-fast-math \
+                -D_POSIX_C_SOURCE=200809L -Icsrc/include -Icsrc/core \
+                -fsanitize=address,undefined -fno-sanitize-recover=all
+FUZZ_CORE_OBJ := $(patsubst csrc/%.c,$(FUZZ_BUILD)/%.o,$(CORE_SRC))
+FUZZ_BIN     := $(patsubst %,$(FUZZ_BUILD)/fuzz_%,$(FUZZ_TARGETS))
+.SECONDARY: $(FUZZ_CORE_OBJ)
+
+$(FUZZ_BUILD)/%.o: csrc/%.c $(HDRS)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -fno-sanitize-coverage=trace-cmp $(call isa_flags,$<) -c $< -o $@
+
+$(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_common.h $(FUZZ_CORE_OBJ)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -Itests/fuzz $< $(FUZZ_CORE_OBJ) -o $@ -lpthread -lm
+
+.PHONY: fuzz fuzz-build valgrind
+fuzz-build: $(FUZZ_BIN)
+
+fuzz: $(FUZZ_BIN)
+	@mkdir -p $(FUZZ_BUILD)/artifacts; failed=""; \
+	for t in $(FUZZ_TARGETS); do \
+	  work=$$(mktemp -d); cp tests/fuzz/corpus/$$t/* $$work/; \
+	  log=$(FUZZ_BUILD)/fuzz_$$t.log; \
+	  echo "== fuzz_$$t: $(FUZZ_SECONDS) s (log: $$log)"; \
+	  if $(FUZZ_BUILD)/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -timeout=60 -print_final_stats=1 \
+	       -artifact_prefix=$(FUZZ_BUILD)/artifacts/$$t- $$work > $$log 2>&1; then \
+	    grep -E '^#[0-9]+.*DONE' $$log | tail -n 1; \
+	    grep -E '^stat::number_of_executed_units' $$log; \
+	  else \
+	    grep -E 'runtime error|ERROR:|FUZZ_CHECK|SUMMARY|Test unit written' $$log | head -n 8; \
+	    failed="$$failed $$t"; \
+	  fi; \
+	  rm -rf $$work; \
+	done; \
+	if [ -n "$$failed" ]; then echo "fuzz FAILED:$$failed (inputs in $(FUZZ_BUILD)/artifacts/, logs in $(FUZZ_BUILD)/)"; exit 1; fi
+
+# valgrind cannot run ASan binaries: the plain build only.  FP8MIX_QUICK=1 asks
+# test_gemm for its smaller big-shape set (valgrind runs ~50x slower, one thread).
+ifdef SAN
+valgrind:
+	@echo "make valgrind: run it without SAN=1 (valgrind and ASan binaries do not mix)"; exit 1
+else
+valgrind: $(CTEST_BIN)
+	@set -e; for t in $(CTEST_BIN); do echo "== valgrind $$t"; \
+	  FP8MIX_QUICK=1 valgrind -q --error-exitcode=1 --leak-check=full $$t; done
+endif
 
 NVCC ?= nvcc
 CU_SRC := $(wildcard csrc/cuda/*.cu)

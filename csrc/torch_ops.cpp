@@ -97,7 +97,8 @@ View2D view2d(const at::Tensor &t)
 {
     View2D v;
     v.cols = t.dim() == 0 ? 1 : t.size(-1);
-    v.rows = v.cols == 0 ? 0 : t.numel() / v.cols;
+    v.rows = 1;  // the product of the leading dims, also when the last one is 0
+    for (int64_t d = 0; d + 1 < t.dim(); d++) v.rows *= t.size(d);
     if (t.dim() == 2 && t.stride(1) == 1 && t.stride(0) >= v.cols && t.size(0) > 0) {
         v.t = t;
         v.ld = t.size(0) > 1 ? t.stride(0) : v.cols;
@@ -108,6 +109,9 @@ View2D view2d(const at::Tensor &t)
     if (v.ld < 1) v.ld = 1;
     return v;
 }
+
+// Leading dimension of a dense row of n elements (>= 1 even for empty rows).
+inline int64_t ld_of(int64_t n) { return n > 0 ? n : 1; }
 
 void check_cpu(const at::Tensor &t, const char *op, const char *name)
 {
@@ -180,8 +184,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cast_cpu(const at::Tensor &x, con
     fp8mix_cast_opts o = make_opts(fmt, saturate, stochastic, seed, offset);
     sync_threads();
     check_status(fp8mix_cast(v.t.data_ptr(), xt, v.rows, v.cols, v.ld, g, s.data_ptr<float>(),
-                             want_q ? (uint8_t *)q.data_ptr() : nullptr, v.cols,
-                             transpose ? (uint8_t *)qt.data_ptr() : nullptr, v.rows,
+                             want_q ? (uint8_t *)q.data_ptr() : nullptr, ld_of(v.cols),
+                             transpose ? (uint8_t *)qt.data_ptr() : nullptr, ld_of(v.rows),
                              amax.data_ptr<float>(), &o),
                  op, "scale must be finite and > 0");
     return {q, qt, amax};
@@ -210,8 +214,8 @@ quantize_current_cpu(const at::Tensor &x, at::ScalarType fp8_dtype, int64_t gran
     fp8mix_cast_opts o = make_opts(fmt, saturate, stochastic, seed, offset);
     sync_threads();
     check_status(fp8mix_quantize_current(v.t.data_ptr(), xt, v.rows, v.cols, v.ld, g, (int)margin, pow2 ? 1 : 0,
-                                         (float)eps, want_q ? (uint8_t *)q.data_ptr() : nullptr, v.cols,
-                                         transpose ? (uint8_t *)qt.data_ptr() : nullptr, v.rows,
+                                         (float)eps, want_q ? (uint8_t *)q.data_ptr() : nullptr, ld_of(v.cols),
+                                         transpose ? (uint8_t *)qt.data_ptr() : nullptr, ld_of(v.rows),
                                          sinv.data_ptr<float>(), amax.data_ptr<float>(), &o),
                  op);
     return {q, qt, sinv, amax};
@@ -258,7 +262,7 @@ at::Tensor dequantize_cpu(const at::Tensor &q, const at::Tensor &scale_inv, int6
     at::Tensor out = at::empty(q.sizes(), q.options().dtype(out_dtype));
     sync_threads();
     check_status(fp8mix_dequantize((const uint8_t *)v.t.data_ptr(), fmt, v.rows, v.cols, v.ld, g,
-                                   s.data_ptr<float>(), out.data_ptr(), ot, v.cols),
+                                   s.data_ptr<float>(), out.data_ptr(), ot, ld_of(v.cols)),
                  op, "scale_inv must be finite and > 0");
     return out;
 }
@@ -455,8 +459,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cast_cuda(const at::Tensor &x, co
     fp8mix_cast_opts o = make_opts(fmt, saturate, stochastic, seed, offset);
     ScaleFlag flag(x);
     check_cuda_status((fp8mix_cuda_clear_error(), fp8mix_cuda_cast(v.t.data_ptr(), xt, v.rows, v.cols, v.ld, g, s.data_ptr<float>(),
-                                       want_q ? (uint8_t *)q.data_ptr() : nullptr, v.cols,
-                                       transpose ? (uint8_t *)qt.data_ptr() : nullptr, v.rows,
+                                       want_q ? (uint8_t *)q.data_ptr() : nullptr, ld_of(v.cols),
+                                       transpose ? (uint8_t *)qt.data_ptr() : nullptr, ld_of(v.rows),
                                        amax.data_ptr<float>(), flag.ptr(), &o, c10::cuda::getCurrentCUDAStream())),
                       op);
     flag.check(op, "scale must be finite and > 0");
@@ -489,8 +493,8 @@ quantize_current_cuda(const at::Tensor &x, at::ScalarType fp8_dtype, int64_t gra
     fp8mix_cast_opts o = make_opts(fmt, saturate, stochastic, seed, offset);
     check_cuda_status((fp8mix_cuda_clear_error(), fp8mix_cuda_quantize_current(v.t.data_ptr(), xt, v.rows, v.cols, v.ld, g, (int)margin,
                                                    pow2 ? 1 : 0, (float)eps,
-                                                   want_q ? (uint8_t *)q.data_ptr() : nullptr, v.cols,
-                                                   transpose ? (uint8_t *)qt.data_ptr() : nullptr, v.rows,
+                                                   want_q ? (uint8_t *)q.data_ptr() : nullptr, ld_of(v.cols),
+                                                   transpose ? (uint8_t *)qt.data_ptr() : nullptr, ld_of(v.rows),
                                                    sinv.data_ptr<float>(), amax.data_ptr<float>(), &o,
                                                    c10::cuda::getCurrentCUDAStream())),
                       op);
@@ -545,7 +549,7 @@ at::Tensor dequantize_cuda(const at::Tensor &q, const at::Tensor &scale_inv, int
     at::Tensor out = at::empty(q.sizes(), q.options().dtype(out_dtype));
     ScaleFlag flag(q);
     check_cuda_status((fp8mix_cuda_clear_error(), fp8mix_cuda_dequantize((const uint8_t *)v.t.data_ptr(), fmt, v.rows, v.cols, v.ld, g,
-                                             s.data_ptr<float>(), out.data_ptr(), ot, v.cols, flag.ptr(),
+                                             s.data_ptr<float>(), out.data_ptr(), ot, ld_of(v.cols), flag.ptr(),
                                              c10::cuda::getCurrentCUDAStream())),
                       op);
     flag.check(op, "scale_inv must be finite and > 0");

@@ -77,6 +77,7 @@ class fp8_autocast(contextlib.ContextDecorator):
         if not isinstance(fp8_recipe, _RECIPES):
             raise TypeError("fp8_autocast: fp8_recipe must be a DelayedScaling, CurrentScaling or BlockScaling, "
                             f"got {type(fp8_recipe).__name__}")
+        fp8_recipe.__post_init__()  # fields may have been changed since construction
         self.frame = FP8Frame(enabled, fp8_recipe, fp8_group)
 
     def __enter__(self):

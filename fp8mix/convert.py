@@ -6,6 +6,7 @@ from typing import Callable, Optional
 import torch.nn as nn
 
 from .linear import Linear
+from .recipe import BlockScaling, CurrentScaling, DelayedScaling
 
 __all__ = ["convert_model"]
 
@@ -25,6 +26,8 @@ def convert_model(model: nn.Module, *, module_filter_fn: Optional[Callable[[nn.M
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"convert_model expects an nn.Module, got {type(model).__name__}")
+    if recipe is not None and not isinstance(recipe, (DelayedScaling, CurrentScaling, BlockScaling)):
+        raise TypeError(f"convert_model: recipe must be an fp8mix.recipe object or None, got {type(recipe).__name__}")
     if module_filter_fn is not None and not callable(module_filter_fn):
         raise TypeError("module_filter_fn must be callable (module, fqn) -> bool")
     if isinstance(model, nn.Linear) and not isinstance(model, Linear):

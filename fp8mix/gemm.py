@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from . import ops
+from .quantize import same_device
 from .tensor import Float8Tensor
 
 __all__ = ["scaled_mm"]
@@ -56,6 +57,7 @@ def scaled_mm(a, b, scale_a=None, scale_b=None, *, bias=None, out_dtype=torch.fl
     for name, t in (("a", a), ("b", b), ("scale_a", scale_a), ("scale_b", scale_b)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"fp8mix.scaled_mm: {name} must be a tensor, got {type(t).__name__}")
+    same_device("scaled_mm", a, b=b, scale_a=scale_a, scale_b=scale_b, bias=bias)
     if out_dtype not in _OUT:
         raise TypeError(f"fp8mix.scaled_mm: out_dtype must be float32, bfloat16 or float16, got {out_dtype}")
     return ops.scaled_mm(a, b, scale_a, scale_b, bias, out_dtype, accumulate, promote_interval)

@@ -74,6 +74,19 @@ def _all_reduce_max(t: torch.Tensor, group) -> None:
         torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX, group=group)
 
 
+def _algo_result(v, device) -> torch.Tensor:
+    """A callable amax_compute_algo's result as a 0-d float32 tensor, or a clear error."""
+    try:
+        t = torch.as_tensor(v, dtype=torch.float32, device=device)
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError("DelayedScaling.amax_compute_algo must return one number (a float or a 1-element "
+                        f"tensor), got {type(v).__name__}") from None
+    if t.numel() != 1:
+        raise ValueError("DelayedScaling.amax_compute_algo must return one number, got a tensor of shape "
+                         f"{tuple(t.shape)}")
+    return t.reshape(())
+
+
 class _Plan:
     """What one forward call decided, kept for its backward (which uses the same recipe)."""
 
@@ -288,7 +301,7 @@ class Linear(nn.Linear):
         elif algo == "most_recent":
             a = h[0]
         else:
-            a = torch.as_tensor(algo(h.clone()), dtype=torch.float32, device=h.device).reshape(())
+            a = _algo_result(algo(h.clone()), h.device)
         fmt = role_format(recipe.fp8_format, _ROLE_NAMES[role])
         s, _ = ops.compute_scale(a.reshape(1), fp8_dtype(fmt), recipe.margin, recipe.power_2_scale, 0.0)
         ok = torch.isfinite(a) & (a > 0)

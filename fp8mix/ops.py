@@ -16,7 +16,9 @@ __all__ = ["cast", "quantize_current", "amax", "compute_scale", "dequantize", "s
 
 def _rows_cols(x: torch.Tensor):
     cols = 1 if x.dim() == 0 else x.shape[-1]
-    rows = 0 if cols == 0 else x.numel() // cols
+    rows = 1
+    for d in x.shape[:-1]:
+        rows *= d
     return rows, cols
 
 

@@ -29,12 +29,22 @@ def _check_input(x, op: str) -> None:
     if x.dtype not in _HP:
         raise TypeError(f"fp8mix.{op}: x must be float32, bfloat16 or float16, got {x.dtype}"
                         + ("; convert with x.float()" if x.dtype == torch.float64 else ""))
-    if x.device.type != "cpu" and not _has_device_kernels(x.device):
+    if x.device.type != "cpu" and not has_device_kernels(x.device):
         raise NotImplementedError(f"fp8mix.{op}: no fp8mix kernels for device {x.device} in this build")
 
 
-def _has_device_kernels(device: torch.device) -> bool:
-    return torch._C._dispatch_has_kernel_for_dispatch_key("fp8mix::cast", device.type.upper())
+def has_device_kernels(device: torch.device) -> bool:
+    """Whether this build registers fp8mix kernels (or fake kernels, for 'meta') for `device`."""
+    key = torch._C._dispatch_key_for_device(device.type)
+    return torch._C._dispatch_has_kernel_for_dispatch_key("fp8mix::cast", key)
+
+
+def same_device(op: str, ref: torch.Tensor, **tensors) -> None:
+    """Every tensor argument on ref's device (else the dispatcher would pick one kernel
+    for all of them, e.g. a fake kernel for a meta scale beside CPU data)."""
+    for name, t in tensors.items():
+        if isinstance(t, torch.Tensor) and t.device != ref.device:
+            raise ValueError(f"fp8mix.{op}: {name} is on {t.device} but the data is on {ref.device}")
 
 
 def _granularity(g: str, op: str) -> int:
@@ -58,12 +68,13 @@ def _scale_tensor(scale, x: torch.Tensor, g: int, op: str) -> torch.Tensor:
         return torch.tensor(float(scale), dtype=torch.float32, device=x.device)
     if not isinstance(scale, torch.Tensor):
         raise TypeError(f"fp8mix.{op}: scale must be None, a float or a float32 tensor")
-    return scale
+    same_device(op, x, scale=scale)
+    return scale.detach()
 
 
 def _inverse(scale: torch.Tensor, x: torch.Tensor, g: int) -> torch.Tensor:
     """1/scale in the granularity's canonical shape (the op has checked the count)."""
-    return torch.reciprocal(scale.to(torch.float32)).reshape(ops.scale_shape(x, g))
+    return torch.reciprocal(scale.detach().to(torch.float32)).reshape(ops.scale_shape(x, g))
 
 
 def quantize(x: torch.Tensor, fmt=Format.E4M3, scale=None, *, granularity: str = "tensor",
@@ -91,6 +102,7 @@ def quantize(x: torch.Tensor, fmt=Format.E4M3, scale=None, *, granularity: str =
         A :class:`Float8Tensor` with ``scale_inv = 1/scale`` and the input's amax.
     """
     _check_input(x, "quantize")
+    x = x.detach()  # a cast to FP8 has no gradient
     f = _single(fmt)
     g = _granularity(granularity, "quantize")
     if rounding not in _ROUNDING:
@@ -119,6 +131,7 @@ def cast_transpose(x: torch.Tensor, fmt=Format.E4M3, scale=None, *, granularity:
     and ``"block2d"``. Returns ``(q, qt)``, two :class:`Float8Tensor`.
     """
     _check_input(x, "cast_transpose")
+    x = x.detach()
     if granularity not in ("tensor", "block2d"):
         raise ValueError("fp8mix.cast_transpose: granularity must be 'tensor' or 'block2d' (a row or 1x128 "
                          f"scale does not describe the transpose), got {granularity!r}")
@@ -143,7 +156,7 @@ def amax(x: torch.Tensor, granularity: str = "tensor") -> torch.Tensor:
     """max |x| per tile of `granularity` (float32). A NaN anywhere in a tile gives NaN,
     else an infinity gives +inf; an empty tensor gives 0."""
     _check_input(x, "amax")
-    return ops.amax(x, _granularity(granularity, "amax"))
+    return ops.amax(x.detach(), _granularity(granularity, "amax"))
 
 
 def dequantize(t: Float8Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:

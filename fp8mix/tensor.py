@@ -33,11 +33,15 @@ class Float8Tensor:
 
     def __init__(self, data: torch.Tensor, scale_inv: torch.Tensor, amax: torch.Tensor | None = None,
                  granularity: str = "tensor"):
+        if not isinstance(data, torch.Tensor):
+            raise TypeError(f"Float8Tensor: data must be a torch.Tensor, got {type(data).__name__}")
         format_of_dtype(data.dtype)  # raises TypeError for non-FP8 data
         if granularity not in GRANULARITIES:
             raise ValueError(f"granularity must be one of {sorted(GRANULARITIES)}, got {granularity!r}")
         if not isinstance(scale_inv, torch.Tensor) or scale_inv.dtype != torch.float32:
-            raise TypeError("scale_inv must be a float32 tensor")
+            raise TypeError("Float8Tensor: scale_inv must be a float32 tensor")
+        if scale_inv.device != data.device:
+            raise ValueError(f"Float8Tensor: scale_inv is on {scale_inv.device} but data is on {data.device}")
         self.data = data
         self.scale_inv = scale_inv
         self.amax = amax

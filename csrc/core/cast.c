@@ -277,6 +277,11 @@ fp8mix_status fp8mix_amax(const void *x, fp8mix_dtype xt, int64_t rows, int64_t 
     int64_t n = fp8mix_scale_count(gran, rows, cols);
     if (n > 0 && !out) return FP8MIX_ERR_NULL_POINTER;
     if (n <= 0) return FP8MIX_OK;
+    if (rows == 0 || cols == 0) { /* empty tiles have amax 0 */
+        for (int64_t t = 0; t < n; t++) out[t] = 0.0f;
+        return FP8MIX_OK;
+    }
+    if ((uint64_t)n > SIZE_MAX / sizeof(uint32_t)) return FP8MIX_ERR_NO_MEMORY;
     _Atomic uint32_t one, *bits = n == 1 ? &one : malloc((size_t)n * sizeof *bits);
     if (!bits) return FP8MIX_ERR_NO_MEMORY;
     amax_bits(x, xt, rows, cols, ld_x, gran, bits, n);
@@ -303,6 +308,14 @@ fp8mix_status fp8mix_quantize_current(const void *x, fp8mix_dtype xt, int64_t ro
         return st;
     int64_t n = fp8mix_scale_count(gran, rows, cols);
     if (n <= 0) return FP8MIX_OK;
+    if (rows == 0 || cols == 0) { /* empty tiles: amax 0, scaled by the usual rule */
+        float zero = 0.0f, inv0;
+        fp8mix_compute_scale(&zero, 1, opts->fmt, margin, pow2, amax_epsilon, NULL, &inv0);
+        for (int64_t t = 0; scale_inv && t < n; t++) scale_inv[t] = inv0;
+        for (int64_t t = 0; amax_out && t < n; t++) amax_out[t] = 0.0f;
+        return FP8MIX_OK;
+    }
+    if ((uint64_t)n > SIZE_MAX / (2 * sizeof(float))) return FP8MIX_ERR_NO_MEMORY;
     _Atomic uint32_t *bits = malloc((size_t)n * sizeof *bits);
     float *sc = malloc((size_t)n * sizeof(float) * 2);
     if (!bits || !sc) {

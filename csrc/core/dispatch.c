@@ -9,12 +9,21 @@
 
 #include "internal.h"
 
+#if FP8MIX_X86 && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+/* F16C from CPUID (leaf 1, ECX bit 29): clang 14 has no __builtin_cpu_supports("f16c"). */
+static int has_f16c(void)
+{
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && ((c >> 29) & 1u);
+}
+#endif
+
 static fp8mix_isa detect(void)
 {
 #if FP8MIX_X86 && (defined(__GNUC__) || defined(__clang__))
     __builtin_cpu_init();
-    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-               __builtin_cpu_supports("f16c");
+    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c();
     if (!avx2) return FP8MIX_ISA_SCALAR;
     int avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                  __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");

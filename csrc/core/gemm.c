@@ -177,7 +177,7 @@ static inline float trunc22(float x)
 static float ref_run(const fp8mix_gemm_args *g, const float *ta, const float *tb,
                      int64_t i, int64_t j, int64_t p0, int64_t p1)
 {
-    const uint8_t *arow = g->a + i * g->lda;
+    const uint8_t *arow = p1 > p0 ? g->a + i * g->lda : NULL; /* A may be NULL when K == 0 */
     if (g->accum == FP8MIX_ACCUM_FP32) {
         float acc = 0.0f;
         for (int64_t p = p0; p < p1; p += 2) {  /* p0 is even: pairs align */
@@ -613,8 +613,10 @@ static void fp22_row_task(void *ctx, int64_t i, int worker)
     int64_t run = block ? FP8MIX_BLOCK : (K > 0 ? K : 1);
     float *arow = pl->scratch + (size_t)worker * pl->scratch_words;
     float *acc = arow + K, *P = acc + FP22_NB, *s = P + FP22_NB;
-    const uint8_t *ar = g->a + i * g->lda;
-    for (int64_t p = 0; p < K; p++) arow[p] = pl->ta[ar[p]];
+    if (K > 0) { /* A may be NULL when K == 0 */
+        const uint8_t *ar = g->a + i * g->lda;
+        for (int64_t p = 0; p < K; p++) arow[p] = pl->ta[ar[p]];
+    }
     for (int64_t x = 0; x < FP22_NB; x++) acc[x] = 0.0f;
     for (int64_t p0 = 0; p0 < K; p0 += run) {
         int64_t p1 = p0 + run < K ? p0 + run : K, cnt = 0;

@@ -180,7 +180,8 @@ static inline int bad_2d(int64_t rows, int64_t cols, int64_t ld)
     return rows < 0 || cols < 0 || ld < cols || (rows > 0 && ld < 1) ||
            (cols > 0 && rows > INT64_MAX / (ld > 0 ? ld : 1));
 }
-static inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+/* ceil(a / b) for a >= 0, b > 0, without the overflow of (a + b - 1) / b near INT64_MAX. */
+static inline int64_t ceil_div(int64_t a, int64_t b) { return a / b + (a % b != 0); }
 
 /* Number of scales for gran over rows x cols. */
 int64_t fp8mix_scale_count(fp8mix_granularity gran, int64_t rows, int64_t cols);
