@@ -46,15 +46,16 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 
 
 # ---- tensor statistics --------------------------------------------------------------
-def cast_stats(x: torch.Tensor, fmt, scale=None, granularity: str = "tensor") -> dict:
+def cast_stats(x: torch.Tensor, fmt, scale=None, granularity: str = "tensor", sqnr: bool = True) -> dict:
     """Cast `x` to FP8 `fmt` with `scale` (None: current scaling) and count what was lost.
 
-    Returns a dict: ``numel``, ``overflow`` (elements out of range: non-finite in a
+    Returns a dict: ``numel``, ``overflow`` (finite elements out of range: non-finite in a
     non-saturating cast, which is where saturation would clamp), ``underflow`` (nonzero
-    elements that became 0) and ``sqnr_db`` (signal over error of the saturating cast, in
-    dB; inf when exact). Counts are ints, so they can be summed over calls.
+    elements that became 0) and, with `sqnr`, ``sqnr_db`` (signal over error of the
+    saturating cast, in dB; inf when exact). Counts are ints, so they can be summed.
     """
-    from . import quantize
+    from . import amax, quantize
+    from .formats import Format, _single
 
     x = x.detach()
     if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
@@ -63,15 +64,19 @@ def cast_stats(x: torch.Tensor, fmt, scale=None, granularity: str = "tensor") ->
     if scale is not None and isinstance(scale, torch.Tensor):
         scale = scale.detach().to(device=x.device, dtype=torch.float32).reshape(())
     q_ns = quantize(x, fmt, scale, granularity=granularity, saturate=False)
-    q = quantize(x, fmt, scale, granularity=granularity, saturate=True)
-    data = q_ns.data.float()
-    xf = x.float()
-    overflow = int((~torch.isfinite(data) & torch.isfinite(xf)).sum())
-    underflow = int(((xf != 0) & (q.data.float() == 0)).sum())
-    err = (q.dequantize(torch.float32) - xf).double().pow(2).sum()
-    sig = xf.double().pow(2).sum()
-    sqnr = float("inf") if err == 0 else 10.0 * math.log10(max(float(sig), 1e-300) / float(err))
-    return {"numel": x.numel(), "overflow": overflow, "underflow": underflow, "sqnr_db": sqnr}
+    b = q_ns.data.view(torch.uint8) & 0x7F  # sign dropped
+    special = 0x7F if _single(fmt) is Format.E4M3 else 0x7C  # from here up: NaN (E4M3), inf/NaN (E5M2)
+    nonfinite_in = 0 if math.isfinite(float(amax(x))) else int((~torch.isfinite(x)).sum())
+    overflow = int((b >= special).sum()) - nonfinite_in
+    underflow = int((b == 0).sum()) - int((x == 0).sum())
+    out = {"numel": x.numel(), "overflow": overflow, "underflow": underflow}
+    if sqnr:
+        xf = x.float()
+        err = (quantize(x, fmt, scale, granularity=granularity).dequantize(torch.float32) - xf).pow(2)
+        err = float(err.sum(dtype=torch.float64))
+        sig = float(xf.pow(2).sum(dtype=torch.float64))
+        out["sqnr_db"] = float("inf") if err == 0 else 10.0 * math.log10(max(sig, 1e-300) / err)
+    return out
 
 
 def dynamic_range(x: torch.Tensor) -> float:
@@ -89,8 +94,9 @@ def recommend(role: str, stats: dict, drange: float) -> tuple[str, str]:
     u4 = e4["underflow"] / max(e4["numel"], 1)
     o4 = e4["overflow"] / max(e4["numel"], 1)
     if role == "grad_output":
-        return "E5M2", (f"gradient: needs range more than precision (HYBRID); E4M3 would flush "
-                        f"{100 * u4:.2f}% to 0")
+        return "E5M2", (f"gradient: range matters more than precision (HYBRID); E4M3 would flush "
+                        f"{100 * u4:.2f}% to 0, overflow {100 * o4:.2f}% (SQNR {e4['sqnr_db']:.1f} dB vs "
+                        f"E5M2 {e5['sqnr_db']:.1f} dB)")
     if u4 > UNDERFLOW_LIMIT or o4 > UNDERFLOW_LIMIT:
         lost = f"flush {100 * u4:.2f}% to 0" if u4 >= o4 else f"overflow {100 * o4:.2f}%"
         return "E5M2", f"E4M3 would {lost} (> {100 * UNDERFLOW_LIMIT:g}%); range {drange:.1f} binades"
@@ -269,6 +275,7 @@ def _layer_report(name: str, layer, captured: dict) -> dict:
         sq = r["formats"][r["recommended"]]["sqnr_db"]
         if sq < SQNR_LIMIT_DB:
             reasons.append(f"{role} SQNR {sq:.1f} dB < {SQNR_LIMIT_DB:g} dB in {r['recommended']}")
+    entry["called"] = bool(entry["roles"])
     entry["keep_high_precision"] = bool(reasons)
     entry["high_precision_reasons"] = reasons
     return entry
@@ -279,14 +286,18 @@ def _fmt_range(r):
     return "-" if r is None else f"{r[0]:.3g}..{r[1]:.3g}"
 
 
-def print_report(entries: list, out=sys.stdout) -> None:
-    """One row per layer and role, then the layers to keep in high precision."""
+def print_report(entries: list, out=None) -> None:
+    """One row per layer and role, then the layers to keep in high precision (to `out`,
+    default sys.stdout)."""
+    out = out or sys.stdout
     hdr = (f"{'layer':<28} {'role':<11} {'amax range':>19} {'bin':>5} {'rec':>4}  "
            f"{'E4M3 ovf%/unf%/SQNR':>22}  {'E5M2 ovf%/unf%/SQNR':>22}")
     print(hdr, file=out)
     print("-" * len(hdr), file=out)
     for e in entries:
         label = f"{e['layer']} ({e['in_features']}->{e['out_features']})"
+        if not e["roles"]:
+            print(f"{label:<28.28} (not called in the last step: no statistics)", file=out)
         for role, r in e["roles"].items():
             cells = []
             for f in ("E4M3", "E5M2"):
@@ -318,6 +329,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.steps < 1:
         raise UsageError(f"--steps must be >= 1, got {args.steps}")
+    if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
+        raise UsageError(f"--json {args.json!r}: its folder does not exist")
     device = pick_device(args.device)
     torch.manual_seed(args.seed)
     model = load_model(args.model, device)
@@ -347,13 +360,7 @@ def run(args: argparse.Namespace) -> int:
             msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             raise UsageError(f"model step failed with this input: {type(exc).__name__}: {msg}") from None
     cap.remove()
-    entries = [_layer_report(n, layers[n], cap.data[n]) for n in layers if cap.data[n]]
-    print(f"fp8mix inspect: {args.model} - {len(layers)} linear layers, {args.steps} steps under "
-          "DelayedScaling(HYBRID), loss = out.float().pow(2).mean(); stats of the last step")
-    print("columns: amax range from fp8_amax_history; bin = log2(max/min nonzero |x|); per format "
-          "overflow% / underflow% (nonzero -> 0) / SQNR dB, scaled from the amax delayed scaling used")
-    print()
-    print_report(entries)
+    entries = [_layer_report(n, layers[n], cap.data[n]) for n in layers]
     if args.json:
         report = {"model": args.model, "steps": args.steps, "loss": "out.float().pow(2).mean()",
                   "thresholds": {"e4m3_underflow": UNDERFLOW_LIMIT, "sqnr_db": SQNR_LIMIT_DB,
@@ -364,6 +371,13 @@ def run(args: argparse.Namespace) -> int:
                 json.dump(json_safe(report), f, indent=2)
         except OSError as exc:
             raise UsageError(f"cannot write --json {args.json!r}: {exc.strerror}") from None
+    print(f"fp8mix inspect: {args.model} - {len(layers)} linear layers, {args.steps} steps under "
+          "DelayedScaling(HYBRID), loss = out.float().pow(2).mean(); stats of the last step")
+    print("columns: amax range from fp8_amax_history; bin = log2(max/min nonzero |x|); per format "
+          "overflow% / underflow% (nonzero -> 0) / SQNR dB, scaled from the amax delayed scaling used")
+    print()
+    print_report(entries)
+    if args.json:
         print(f"\nwrote {args.json}")
     return 0
 

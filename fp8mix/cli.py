@@ -1,0 +1,113 @@
+"""Command line of fp8mix: ``python -m fp8mix {demo,inspect}``.
+
+- ``demo``: train a small GPT on a local corpus in float32, bfloat16 and FP8 and
+  compare losses, speed, memory and FP8 overflow/underflow (fp8mix.demo).
+- ``inspect``: run a model for a few steps under FP8 and report, per linear layer and
+  tensor role, amax ranges, the recommended FP8 format and which layers should stay in
+  high precision (fp8mix.inspect_model).
+
+Bad arguments print one line on stderr and exit with code 2 (no traceback).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+__all__ = ["main", "build_parser", "UsageError"]
+
+
+class UsageError(ValueError):
+    """A bad command-line argument or input: reported as one line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """ArgumentParser whose errors are a single line (no usage block)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _add_demo(sub) -> None:
+    p = sub.add_parser("demo", help="train a small GPT in fp32, bf16 and FP8 and compare",
+                       description="Train a small byte-level GPT on a local corpus (default: this Python's "
+                                   "stdlib sources) in float32, bfloat16 and FP8 from the same initial weights "
+                                   "and batches; print a comparison table and write loss curves (PNG, CSV, "
+                                   "JSON). Exit code 1 if a run diverges.")
+    p.add_argument("--steps", type=int, default=400, help="training steps per run (default 400)")
+    p.add_argument("--recipes", default="fp32,bf16,fp8-delayed",
+                   help="comma-separated runs: fp32, bf16, fp8-delayed, fp8-current, fp8-block "
+                        "(aliases delayed, current, block; default fp32,bf16,fp8-delayed)")
+    p.add_argument("--out", default="fp8mix_out", help="output folder (default ./fp8mix_out)")
+    p.add_argument("--data", default=None, help="text file or folder to train on (default: the stdlib's *.py)")
+    p.add_argument("--seed", type=int, default=0, help="seed of weights and batch order (default 0)")
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda or auto (cuda when available)")
+    p.add_argument("--batch-size", type=int, default=16, help="sequences per step (default 16)")
+    p.add_argument("--seq-len", type=int, default=128, help="bytes per sequence (default 128)")
+    p.add_argument("--layers", type=int, default=4, help="transformer blocks (default 4)")
+    p.add_argument("--d-model", type=int, default=128, help="model width (default 128)")
+    p.add_argument("--heads", type=int, default=None, help="attention heads (default d_model/32)")
+    p.add_argument("--lr", type=float, default=3e-3, help="peak AdamW learning rate (default 3e-3)")
+    p.add_argument("--warmup", type=int, default=None, help="warmup steps (default steps/20)")
+    p.add_argument("--eval-every", type=int, default=50,
+                   help="validate (and sample FP8 casts) every N steps (default 50)")
+    p.add_argument("--eval-batches", type=int, default=8, help="validation batches (default 8)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=_run_demo)
+
+
+def _add_inspect(sub) -> None:
+    p = sub.add_parser("inspect", help="per-layer FP8 format advice for a model",
+                       description="Convert a model with fp8mix.convert_model, run a few forward/backward steps "
+                                   "under fp8_autocast(DelayedScaling) with loss out.float().pow(2).mean(), and "
+                                   "report per linear layer: amax ranges, recommended FP8 format per tensor role "
+                                   "with the reason, overflow/underflow fractions, SQNR, and which layers to keep "
+                                   "in high precision.")
+    p.add_argument("model", help="module.path:factory (called with no arguments, returns an nn.Module) or a "
+                                 "torch.save'd model file (loaded with weights_only=False: trust the file)")
+    p.add_argument("--input-shape", help="shape of a random example input, e.g. 8,128")
+    p.add_argument("--input-dtype", default="float32",
+                   help="float32 (default), bfloat16, float16, int64 or int32 (ints drawn from [0, --int-high))")
+    p.add_argument("--int-high", type=int, default=256, help="upper bound of random integer inputs (default 256)")
+    p.add_argument("--input-file", help="a torch.save'd tensor (or tuple of tensors) to use as input instead")
+    p.add_argument("--steps", type=int, default=3, help="forward/backward steps (default 3)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda or auto")
+    p.add_argument("--json", help="write the report as JSON here (one entry per linear layer)")
+    p.set_defaults(func=_run_inspect)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `python -m fp8mix` parser with its subcommands."""
+    parser = _Parser(prog="python -m fp8mix", description="fp8mix command-line tools.")
+    sub = parser.add_subparsers(title="commands", dest="command", metavar="{demo,inspect}", required=True,
+                                parser_class=_Parser)
+    _add_demo(sub)
+    _add_inspect(sub)
+    return parser
+
+
+def _run_demo(args) -> int:
+    from . import demo
+    return demo.run(args)
+
+
+def _run_inspect(args) -> int:
+    from . import inspect_model
+    return inspect_model.run(args)
+
+
+def main(argv=None) -> int:
+    """Parse `argv` (default sys.argv[1:]) and run the chosen command; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except UsageError as exc:
+        print(f"python -m fp8mix {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"python -m fp8mix {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # output piped into e.g. `head`, which stopped reading
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
