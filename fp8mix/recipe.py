@@ -68,8 +68,7 @@ class DelayedScaling:
     power_2_scale: bool = False
 
     def __post_init__(self):
-        if not isinstance(self.margin, int) or isinstance(self.margin, bool) or not 0 <= self.margin <= 126:
-            raise ValueError(f"DelayedScaling.margin must be an int in [0, 126], got {self.margin!r}")
+        _check_margin("DelayedScaling", self.margin)
         if not isinstance(self.interval, int) or isinstance(self.interval, bool) or self.interval < 1:
             raise ValueError(f"DelayedScaling.interval must be an int >= 1, got {self.interval!r}")
         if (not isinstance(self.amax_history_len, int) or isinstance(self.amax_history_len, bool)
@@ -85,8 +84,29 @@ class DelayedScaling:
         return True
 
 
+def _check_margin(owner: str, margin) -> None:
+    if not isinstance(margin, int) or isinstance(margin, bool) or not 0 <= margin <= 126:
+        raise ValueError(f"{owner}.margin must be an int in [0, 126], got {margin!r}")
+
+
+class _JustInTime:
+    """Fields and checks shared by the recipes whose scales come from the tensor itself."""
+
+    def __post_init__(self):
+        name = type(self).__name__
+        self.fp8_format = _check_format(self.fp8_format)
+        _check_bool("power_2_scale", self.power_2_scale)
+        eps = self.amax_epsilon
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0.0 <= float(eps) < float("inf"):
+            raise ValueError(f"{name}.amax_epsilon must be finite and >= 0, got {eps!r}")
+        _check_margin(name, self.margin)
+
+    def delayed(self) -> bool:
+        return False
+
+
 @dataclasses.dataclass
-class CurrentScaling:
+class CurrentScaling(_JustInTime):
     """Current (just-in-time) per-tensor scaling: ``scale = fp8_max / max(amax, amax_epsilon)``
     from the tensor itself at cast time; amax of 0 or not finite gives scale 1."""
 
@@ -95,20 +115,9 @@ class CurrentScaling:
     amax_epsilon: float = 0.0
     margin: int = 0
 
-    def __post_init__(self):
-        self.fp8_format = _check_format(self.fp8_format)
-        _check_bool("power_2_scale", self.power_2_scale)
-        if not isinstance(self.amax_epsilon, (int, float)) or not 0.0 <= float(self.amax_epsilon) < float("inf"):
-            raise ValueError(f"CurrentScaling.amax_epsilon must be finite and >= 0, got {self.amax_epsilon!r}")
-        if not isinstance(self.margin, int) or isinstance(self.margin, bool) or not 0 <= self.margin <= 126:
-            raise ValueError(f"CurrentScaling.margin must be an int in [0, 126], got {self.margin!r}")
-
-    def delayed(self) -> bool:
-        return False
-
 
 @dataclasses.dataclass
-class BlockScaling:
+class BlockScaling(_JustInTime):
     """DeepSeek-V3 block scaling: activations and gradients in 1x128 tiles along the
     reduction dimension, weights in 128x128 blocks, each tile with its own current
     scale. E4M3 everywhere by default (fine-grained scales make its range suffice)."""
@@ -117,17 +126,6 @@ class BlockScaling:
     power_2_scale: bool = False
     amax_epsilon: float = 0.0
     margin: int = 0
-
-    def __post_init__(self):
-        self.fp8_format = _check_format(self.fp8_format)
-        _check_bool("power_2_scale", self.power_2_scale)
-        if not isinstance(self.amax_epsilon, (int, float)) or not 0.0 <= float(self.amax_epsilon) < float("inf"):
-            raise ValueError(f"BlockScaling.amax_epsilon must be finite and >= 0, got {self.amax_epsilon!r}")
-        if not isinstance(self.margin, int) or isinstance(self.margin, bool) or not 0 <= self.margin <= 126:
-            raise ValueError(f"BlockScaling.margin must be an int in [0, 126], got {self.margin!r}")
-
-    def delayed(self) -> bool:
-        return False
 
 
 # Transformer Engine 2.x spellings
