@@ -289,11 +289,15 @@ class Linear(nn.Linear):
     # ---- delayed scaling -----------------------------------------------------------
     def _record_amax(self, role: int, am: torch.Tensor, recipe: DelayedScaling, group) -> None:
         """Roll role's history, put `am` first, and every `interval` records recompute its
-        scale from the history (an amax of 0 or not finite keeps the previous scale)."""
+        scale from the history (an amax of 0 or not finite keeps the previous scale).
+        A non-finite amax (a step whose tensors overflowed, which a gradient scaler skips)
+        goes into the history as 0, "no information", so that it cannot freeze the scale
+        for the whole length of the history."""
         _all_reduce_max(am, group)
+        am = am.reshape(())
         h = self.fp8_amax_history[:, role]
         h.copy_(torch.roll(h, 1, 0))
-        h[0] = am.reshape(())
+        h[0] = torch.where(torch.isfinite(am), am, torch.zeros_like(am))
         self.fp8_steps[role] += 1
         algo = recipe.amax_compute_algo
         if algo == "max":

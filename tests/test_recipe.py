@@ -88,7 +88,7 @@ class RefDelayed:
         used = self.scale[role]
         col = self.h[:, role].clone()
         self.h[1:, role] = col[:-1]
-        self.h[0, role] = amax
+        self.h[0, role] = amax if math.isfinite(amax) else 0.0  # non-finite: recorded as 0
         self.steps[role] += 1
         if self.steps[role] % r.interval == 0:
             col = self.h[:, role].clone()
@@ -387,3 +387,43 @@ BAD = [
 def test_bad_recipe_fields_raise(cls, kw):
     with pytest.raises((ValueError, TypeError)):
         cls(**kw)
+
+
+def test_delayed_nonfinite_amax_does_not_poison_the_history():
+    """A step with inf/NaN in its tensors (which a gradient scaler would skip) leaves the
+    scale finite, is recorded as 0, and the next clean step scales from clean history."""
+    recipe = DelayedScaling(amax_history_len=8)
+    layer = fp8mix.Linear(32, 32)
+    x = torch.randn(8, 32)
+    with fp8_autocast(fp8_recipe=recipe):
+        layer(x)
+        s_before = layer.fp8_scale[0].item()
+        for bad in (float("nan"), float("inf")):
+            xb = x.clone()
+            xb[0, 0] = bad
+            layer(xb)
+            assert layer.fp8_amax_history[0, 0].item() == 0.0
+            assert math.isfinite(layer.fp8_scale[0].item()) and layer.fp8_scale[0].item() == s_before
+        layer(x * 4)
+    assert layer.fp8_scale[0].item() == ref_scale(amax_of(x * 4), Format.E4M3)
+
+
+def test_delayed_amax_spike_saturates_one_step_then_recovers():
+    """Documented behaviour: with interval 1 a spike saturates only the cast that sees it
+    (its scale came from the history before it); the next cast scales from the spike."""
+    recipe = DelayedScaling(amax_history_len=16)
+    layer = fp8mix.Linear(64, 64)
+    x = torch.randn(16, 64)
+    with torch.no_grad(), fp8_autocast(fp8_recipe=recipe):
+        for _ in range(3):
+            layer(x)
+        spike = x * 1000
+        s = layer.fp8_scale[0].item()
+        q = fp8mix.quantize(spike, scale=s)
+        assert (q.data.float().abs() == 448).float().mean() > 0.5  # the spike step saturates
+        y = layer(spike)
+        assert torch.isfinite(y).all()
+        s_after = layer.fp8_scale[0].item()
+        assert s_after == ref_scale(amax_of(spike), Format.E4M3)
+        q2 = fp8mix.quantize(spike, scale=s_after)
+        assert (q2.data.float().abs() == 448).sum() <= 1  # next step: only the max itself
