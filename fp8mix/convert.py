@@ -39,6 +39,8 @@ def convert_model(model: nn.Module, *, module_filter_fn: Optional[Callable[[nn.M
             child_fqn = f"{fqn}.{name}" if fqn else name
             if module_filter_fn is not None and not module_filter_fn(child, child_fqn):
                 continue
-            hist = getattr(recipe, "amax_history_len", 0) if recipe is not None else 0
-            setattr(module, name, Linear.from_linear(child, hist))
+            if isinstance(recipe, DelayedScaling):
+                setattr(module, name, Linear.from_linear(child, recipe.amax_history_len))
+            else:
+                setattr(module, name, Linear.from_linear(child))
     return model

@@ -51,6 +51,10 @@ _TENSOR = GRANULARITIES["tensor"]
 _BLOCK = GRANULARITIES["block"]
 _BLOCK2D = GRANULARITIES["block2d"]
 _FP8_KEYS = ("fp8_amax_history", "fp8_scale", "fp8_steps")
+# The history is allocated at DelayedScaling's default length up front, so that a fresh
+# model's state_dict has the shapes of a trained one (torch.distributed.checkpoint loads
+# in place and needs them); another recipe length is adopted at the first forward.
+_DEFAULT_HISTORY = DelayedScaling().amax_history_len
 
 
 def _hp_out_dtype(x: torch.Tensor, module_dtype: torch.dtype) -> torch.dtype:
@@ -191,7 +195,7 @@ class Linear(nn.Linear):
         self._setup_fp8(self.weight.device)
 
     @classmethod
-    def from_linear(cls, lin: nn.Linear, history_len: int = 0) -> "Linear":
+    def from_linear(cls, lin: nn.Linear, history_len: int = _DEFAULT_HISTORY) -> "Linear":
         """An fp8mix.Linear sharing `lin`'s weight and bias Parameters (no copy) and hooks."""
         new = cls.__new__(cls)
         nn.Module.__init__(new)
@@ -208,7 +212,7 @@ class Linear(nn.Linear):
         return new
 
     # ---- state -------------------------------------------------------------------
-    def _setup_fp8(self, device, history_len: int = 0):
+    def _setup_fp8(self, device, history_len: int = _DEFAULT_HISTORY):
         self.register_buffer("fp8_amax_history", torch.zeros(history_len, 3, dtype=torch.float32, device=device))
         self.register_buffer("fp8_scale", torch.ones(3, dtype=torch.float32, device=device))
         self.register_buffer("fp8_steps", torch.zeros(3, dtype=torch.int64, device=device))
