@@ -164,6 +164,40 @@ fp8mix_cast_opts make_opts(fp8mix_format fmt, bool saturate, bool stochastic, in
     return o;
 }
 
+// What every cast op does before its kernel, on any device (device checks are the
+// caller's): decode and check the arguments, view x as 2-D, allocate the FP8 outputs.
+struct CastPrep {
+    View2D v;
+    fp8mix_dtype xt;
+    fp8mix_granularity g;
+    fp8mix_cast_opts o;
+    at::Tensor q, qt;
+    uint8_t *q_ptr() const { return q.numel() ? (uint8_t *)q.data_ptr() : nullptr; }
+    uint8_t *qt_ptr() const { return qt.numel() ? (uint8_t *)qt.data_ptr() : nullptr; }
+};
+
+CastPrep prepare_cast(const char *op, const at::Tensor &x, at::ScalarType fp8_dtype, int64_t gran, bool saturate,
+                      bool stochastic, int64_t seed, int64_t offset, bool want_q, bool transpose)
+{
+    CastPrep c;
+    c.xt = hp_dtype(x, op, "x");
+    fp8mix_format fmt = fp8_format(fp8_dtype, op);
+    c.g = granularity(gran, op);
+    TORCH_CHECK_VALUE(want_q || transpose, "fp8mix.", op, ": nothing to produce (want_q and transpose both false)");
+    c.v = view2d(x);
+    c.q = at::empty(want_q ? x.sizes() : at::IntArrayRef{0}, x.options().dtype(fp8_dtype));
+    c.qt = at::empty(transpose ? std::vector<int64_t>{c.v.cols, c.v.rows} : std::vector<int64_t>{0},
+                     x.options().dtype(fp8_dtype));
+    c.o = make_opts(fmt, saturate, stochastic, seed, offset);
+    return c;
+}
+
+void check_margin_eps(const char *op, int64_t margin, double eps)
+{
+    TORCH_CHECK_VALUE(margin >= 0 && margin <= 126, "fp8mix.", op, ": margin must be in [0, 126], got ", margin);
+    TORCH_CHECK_VALUE(eps >= 0.0 && std::isfinite(eps), "fp8mix.", op, ": amax_epsilon must be finite and >= 0");
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> cast_cpu(const at::Tensor &x, const at::Tensor &scale,
                                                         at::ScalarType fp8_dtype, int64_t gran, bool saturate,
                                                         bool stochastic, int64_t seed, int64_t offset,
@@ -171,24 +205,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cast_cpu(const at::Tensor &x, con
 {
     const char *op = "cast";
     check_cpu(x, op, "x");
-    fp8mix_dtype xt = hp_dtype(x, op, "x");
-    fp8mix_format fmt = fp8_format(fp8_dtype, op);
-    fp8mix_granularity g = granularity(gran, op);
-    TORCH_CHECK_VALUE(want_q || transpose, "fp8mix.cast: nothing to produce (want_q and transpose both false)");
-    View2D v = view2d(x);
-    at::Tensor s = scale_arg(scale, scale_count(g, v.rows, v.cols), op, "scale");
-    at::Tensor q = at::empty(want_q ? x.sizes() : at::IntArrayRef{0}, x.options().dtype(fp8_dtype));
-    at::Tensor qt = at::empty(transpose ? std::vector<int64_t>{v.cols, v.rows} : std::vector<int64_t>{0},
-                              x.options().dtype(fp8_dtype));
+    CastPrep c = prepare_cast(op, x, fp8_dtype, gran, saturate, stochastic, seed, offset, want_q, transpose);
+    const View2D &v = c.v;
+    at::Tensor s = scale_arg(scale, scale_count(c.g, v.rows, v.cols), op, "scale");
     at::Tensor amax = at::empty({}, x.options().dtype(at::kFloat));
-    fp8mix_cast_opts o = make_opts(fmt, saturate, stochastic, seed, offset);
     sync_threads();
-    check_status(fp8mix_cast(v.t.data_ptr(), xt, v.rows, v.cols, v.ld, g, s.data_ptr<float>(),
-                             want_q ? (uint8_t *)q.data_ptr() : nullptr, ld_of(v.cols),
-                             transpose ? (uint8_t *)qt.data_ptr() : nullptr, ld_of(v.rows),
-                             amax.data_ptr<float>(), &o),
+    check_status(fp8mix_cast(v.t.data_ptr(), c.xt, v.rows, v.cols, v.ld, c.g, s.data_ptr<float>(), c.q_ptr(),
+                             ld_of(v.cols), c.qt_ptr(), ld_of(v.rows), amax.data_ptr<float>(), &c.o),
                  op, "scale must be finite and > 0");
-    return {q, qt, amax};
+    return {c.q, c.qt, amax};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
@@ -198,27 +223,18 @@ quantize_current_cpu(const at::Tensor &x, at::ScalarType fp8_dtype, int64_t gran
 {
     const char *op = "quantize";
     check_cpu(x, op, "x");
-    fp8mix_dtype xt = hp_dtype(x, op, "x");
-    fp8mix_format fmt = fp8_format(fp8_dtype, op);
-    fp8mix_granularity g = granularity(gran, op);
-    TORCH_CHECK_VALUE(want_q || transpose, "fp8mix.quantize: nothing to produce");
-    TORCH_CHECK_VALUE(margin >= 0 && margin <= 126, "fp8mix.quantize: margin must be in [0, 126], got ", margin);
-    TORCH_CHECK_VALUE(eps >= 0.0 && std::isfinite(eps), "fp8mix.quantize: amax_epsilon must be finite and >= 0");
-    View2D v = view2d(x);
-    auto sshape = scale_shape(x, g, v.rows, v.cols);
-    at::Tensor q = at::empty(want_q ? x.sizes() : at::IntArrayRef{0}, x.options().dtype(fp8_dtype));
-    at::Tensor qt = at::empty(transpose ? std::vector<int64_t>{v.cols, v.rows} : std::vector<int64_t>{0},
-                              x.options().dtype(fp8_dtype));
+    check_margin_eps(op, margin, eps);
+    CastPrep c = prepare_cast(op, x, fp8_dtype, gran, saturate, stochastic, seed, offset, want_q, transpose);
+    const View2D &v = c.v;
+    auto sshape = scale_shape(x, c.g, v.rows, v.cols);
     at::Tensor sinv = at::ones(sshape, x.options().dtype(at::kFloat));
     at::Tensor amax = at::zeros(sshape, x.options().dtype(at::kFloat));
-    fp8mix_cast_opts o = make_opts(fmt, saturate, stochastic, seed, offset);
     sync_threads();
-    check_status(fp8mix_quantize_current(v.t.data_ptr(), xt, v.rows, v.cols, v.ld, g, (int)margin, pow2 ? 1 : 0,
-                                         (float)eps, want_q ? (uint8_t *)q.data_ptr() : nullptr, ld_of(v.cols),
-                                         transpose ? (uint8_t *)qt.data_ptr() : nullptr, ld_of(v.rows),
-                                         sinv.data_ptr<float>(), amax.data_ptr<float>(), &o),
+    check_status(fp8mix_quantize_current(v.t.data_ptr(), c.xt, v.rows, v.cols, v.ld, c.g, (int)margin, pow2 ? 1 : 0,
+                                         (float)eps, c.q_ptr(), ld_of(v.cols), c.qt_ptr(), ld_of(v.rows),
+                                         sinv.data_ptr<float>(), amax.data_ptr<float>(), &c.o),
                  op);
-    return {q, qt, sinv, amax};
+    return {c.q, c.qt, sinv, amax};
 }
 
 at::Tensor amax_cpu(const at::Tensor &x, int64_t gran)
@@ -446,25 +462,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cast_cuda(const at::Tensor &x, co
     const char *op = "cast";
     require_cuda(x, op, "x");
     c10::cuda::CUDAGuard guard(x.device());
-    fp8mix_dtype xt = hp_dtype(x, op, "x");
-    fp8mix_format fmt = fp8_format(fp8_dtype, op);
-    fp8mix_granularity g = granularity(gran, op);
-    TORCH_CHECK_VALUE(want_q || transpose, "fp8mix.cast: nothing to produce (want_q and transpose both false)");
-    View2D v = view2d(x);
-    at::Tensor s = scale_arg_cuda(scale, scale_count(g, v.rows, v.cols), x.device(), op, "scale");
-    at::Tensor q = at::empty(want_q ? x.sizes() : at::IntArrayRef{0}, x.options().dtype(fp8_dtype));
-    at::Tensor qt = at::empty(transpose ? std::vector<int64_t>{v.cols, v.rows} : std::vector<int64_t>{0},
-                              x.options().dtype(fp8_dtype));
+    CastPrep c = prepare_cast(op, x, fp8_dtype, gran, saturate, stochastic, seed, offset, want_q, transpose);
+    const View2D &v = c.v;
+    at::Tensor s = scale_arg_cuda(scale, scale_count(c.g, v.rows, v.cols), x.device(), op, "scale");
     at::Tensor amax = at::empty({}, x.options().dtype(at::kFloat));
-    fp8mix_cast_opts o = make_opts(fmt, saturate, stochastic, seed, offset);
     ScaleFlag flag(x);
-    check_cuda_status((fp8mix_cuda_clear_error(), fp8mix_cuda_cast(v.t.data_ptr(), xt, v.rows, v.cols, v.ld, g, s.data_ptr<float>(),
-                                       want_q ? (uint8_t *)q.data_ptr() : nullptr, ld_of(v.cols),
-                                       transpose ? (uint8_t *)qt.data_ptr() : nullptr, ld_of(v.rows),
-                                       amax.data_ptr<float>(), flag.ptr(), &o, c10::cuda::getCurrentCUDAStream())),
+    check_cuda_status((fp8mix_cuda_clear_error(),
+                       fp8mix_cuda_cast(v.t.data_ptr(), c.xt, v.rows, v.cols, v.ld, c.g, s.data_ptr<float>(), c.q_ptr(),
+                                        ld_of(v.cols), c.qt_ptr(), ld_of(v.rows), amax.data_ptr<float>(), flag.ptr(),
+                                        &c.o, c10::cuda::getCurrentCUDAStream())),
                       op);
     flag.check(op, "scale must be finite and > 0");
-    return {q, qt, amax};
+    return {c.q, c.qt, amax};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
@@ -475,30 +484,21 @@ quantize_current_cuda(const at::Tensor &x, at::ScalarType fp8_dtype, int64_t gra
     const char *op = "quantize";
     require_cuda(x, op, "x");
     c10::cuda::CUDAGuard guard(x.device());
-    fp8mix_dtype xt = hp_dtype(x, op, "x");
-    fp8mix_format fmt = fp8_format(fp8_dtype, op);
-    fp8mix_granularity g = granularity(gran, op);
-    TORCH_CHECK_VALUE(want_q || transpose, "fp8mix.quantize: nothing to produce");
-    TORCH_CHECK_VALUE(margin >= 0 && margin <= 126, "fp8mix.quantize: margin must be in [0, 126], got ", margin);
-    TORCH_CHECK_VALUE(eps >= 0.0 && std::isfinite(eps), "fp8mix.quantize: amax_epsilon must be finite and >= 0");
-    View2D v = view2d(x);
-    auto sshape = scale_shape(x, g, v.rows, v.cols);
-    at::Tensor q = at::empty(want_q ? x.sizes() : at::IntArrayRef{0}, x.options().dtype(fp8_dtype));
-    at::Tensor qt = at::empty(transpose ? std::vector<int64_t>{v.cols, v.rows} : std::vector<int64_t>{0},
-                              x.options().dtype(fp8_dtype));
+    check_margin_eps(op, margin, eps);
+    CastPrep c = prepare_cast(op, x, fp8_dtype, gran, saturate, stochastic, seed, offset, want_q, transpose);
+    const View2D &v = c.v;
+    auto sshape = scale_shape(x, c.g, v.rows, v.cols);
     // Every entry is written by the launcher (n > 0), so no fill is needed.
     at::Tensor sinv = at::empty(sshape, x.options().dtype(at::kFloat));
     at::Tensor amax = at::empty(sshape, x.options().dtype(at::kFloat));
-    if (scale_count(g, v.rows, v.cols) == 0) return {q, qt, sinv, amax};
-    fp8mix_cast_opts o = make_opts(fmt, saturate, stochastic, seed, offset);
-    check_cuda_status((fp8mix_cuda_clear_error(), fp8mix_cuda_quantize_current(v.t.data_ptr(), xt, v.rows, v.cols, v.ld, g, (int)margin,
-                                                   pow2 ? 1 : 0, (float)eps,
-                                                   want_q ? (uint8_t *)q.data_ptr() : nullptr, ld_of(v.cols),
-                                                   transpose ? (uint8_t *)qt.data_ptr() : nullptr, ld_of(v.rows),
-                                                   sinv.data_ptr<float>(), amax.data_ptr<float>(), &o,
-                                                   c10::cuda::getCurrentCUDAStream())),
+    if (scale_count(c.g, v.rows, v.cols) == 0) return {c.q, c.qt, sinv, amax};
+    check_cuda_status((fp8mix_cuda_clear_error(),
+                       fp8mix_cuda_quantize_current(v.t.data_ptr(), c.xt, v.rows, v.cols, v.ld, c.g, (int)margin,
+                                                    pow2 ? 1 : 0, (float)eps, c.q_ptr(), ld_of(v.cols), c.qt_ptr(),
+                                                    ld_of(v.rows), sinv.data_ptr<float>(), amax.data_ptr<float>(),
+                                                    &c.o, c10::cuda::getCurrentCUDAStream())),
                       op);
-    return {q, qt, sinv, amax};
+    return {c.q, c.qt, sinv, amax};
 }
 
 at::Tensor amax_cuda(const at::Tensor &x, int64_t gran)
