@@ -105,32 +105,30 @@ class _Plan:
 
 
 def _current(x2, fmt, recipe, granularity, group, transpose=False):
-    """Current scaling of a 2-D tensor: (q, qt, scale_inv). With a process group the
-    amaxes are all-reduced first so that every rank uses the same scales."""
+    """Current scaling of a 2-D tensor: (q, qt, scale_inv, amax). With a process group
+    the amaxes are all-reduced first so that every rank uses the same scales."""
     margin, pow2 = recipe.margin, recipe.power_2_scale
     eps = float(getattr(recipe, "amax_epsilon", 0.0))
     if group is None:
-        q, qt, sinv, _ = ops.quantize_current(x2, fp8_dtype(fmt), granularity, margin, pow2, eps, True, False,
-                                              0, 0, True, transpose)
-        return q, qt, sinv
+        return ops.quantize_current(x2, fp8_dtype(fmt), granularity, margin, pow2, eps, True, False, 0, 0, True,
+                                    transpose)
     am = ops.amax(x2, granularity)
     _all_reduce_max(am, group)
     scale, sinv = ops.compute_scale(am, fp8_dtype(fmt), margin, pow2, eps)
     q, qt, _ = ops.cast(x2, scale, fp8_dtype(fmt), granularity, True, False, 0, 0, True, transpose)
-    return q, qt, sinv
+    return q, qt, sinv, am
 
 
 def _cast_grad(dy2: torch.Tensor, plan: _Plan, g_scale: torch.Tensor):
     """grad_output casts for dgrad (dy) and wgrad (dy^T): (gq, g_sinv, gtq, gt_sinv, amax)."""
     recipe, fmt = plan.recipe, plan.fmts[_GRAD]
     if isinstance(recipe, BlockScaling):  # 1x128 tiles along N for dgrad, along M for wgrad
-        gq, _, g_sinv = _current(dy2, fmt, recipe, _BLOCK, plan.group)
-        gtq, _, gt_sinv = _current(dy2.t(), fmt, recipe, _BLOCK, plan.group)
+        gq, _, g_sinv, _ = _current(dy2, fmt, recipe, _BLOCK, plan.group)
+        gtq, _, gt_sinv, _ = _current(dy2.t(), fmt, recipe, _BLOCK, plan.group)
         return gq, g_sinv, gtq, gt_sinv, None
     if isinstance(recipe, CurrentScaling) or plan.grad_fresh:
-        gq, gtq, g_sinv = _current(dy2, fmt, recipe, _TENSOR, plan.group, transpose=True)
-        am = ops.amax(dy2, _TENSOR) if plan.grad_fresh else None
-        return gq, g_sinv, gtq, g_sinv, am
+        gq, gtq, g_sinv, am = _current(dy2, fmt, recipe, _TENSOR, plan.group, transpose=True)
+        return gq, g_sinv, gtq, g_sinv, am if plan.grad_fresh else None
     gq, gtq, am = ops.cast(dy2, g_scale, fp8_dtype(fmt), _TENSOR, True, False, 0, 0, True, True)
     g_sinv = torch.reciprocal(g_scale)
     return gq, g_sinv, gtq, g_sinv, am
@@ -358,12 +356,12 @@ class Linear(nn.Linear):
         """(xq, x_sinv, x_save, x_save_sinv); x_save None means 'backward keeps xq'."""
         recipe, fmt = plan.recipe, plan.fmts[_INPUT]
         if isinstance(recipe, BlockScaling):
-            xq, _, x_sinv = _current(x2, fmt, recipe, _BLOCK, plan.group)
+            xq, _, x_sinv, _ = _current(x2, fmt, recipe, _BLOCK, plan.group)
             # wgrad needs x blocked along M too: keep a 128x128-block copy rather than xq
-            x_save, _, x_save_sinv = _current(x2, fmt, recipe, _BLOCK2D, plan.group)
+            x_save, _, x_save_sinv, _ = _current(x2, fmt, recipe, _BLOCK2D, plan.group)
             return xq, x_sinv, x_save, x_save_sinv
         if isinstance(recipe, CurrentScaling):
-            xq, _, x_sinv = _current(x2, fmt, recipe, _TENSOR, plan.group)
+            xq, _, x_sinv, _ = _current(x2, fmt, recipe, _TENSOR, plan.group)
         else:
             xq, x_sinv = self._cast_delayed(x2, _INPUT, plan)
         return xq, x_sinv, None, None
@@ -381,9 +379,9 @@ class Linear(nn.Linear):
             return self._wcache[1], self._wcache[2]
         w = weight.detach()
         if isinstance(recipe, BlockScaling):
-            wq, _, sinv = _current(w, fmt, recipe, _BLOCK2D, plan.group)
+            wq, _, sinv, _ = _current(w, fmt, recipe, _BLOCK2D, plan.group)
         elif isinstance(recipe, CurrentScaling):
-            wq, _, sinv = _current(w, fmt, recipe, _TENSOR, plan.group)
+            wq, _, sinv, _ = _current(w, fmt, recipe, _TENSOR, plan.group)
         else:
             wq, sinv = self._cast_delayed(w, _WEIGHT, plan)
         self._wcache = (key, wq, sinv) if is_first_microbatch else None
