@@ -35,6 +35,7 @@ import statistics
 import time
 
 import torch
+from _machine import cpu_model
 
 import fp8mix
 from fp8mix import ops
@@ -48,17 +49,6 @@ SHAPES = {  # elements -> 2-D square-ish shape
     1 << 24: (4096, 4096),
     1 << 26: (8192, 8192),
 }
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def bench_interleaved(fns, budget_s: float = 0.6, min_reps: int = 3, max_reps: int = 40):

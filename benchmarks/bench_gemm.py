@@ -24,6 +24,7 @@ import sys
 import time
 
 import torch
+from _machine import cpu_model
 
 import fp8mix
 
@@ -31,17 +32,6 @@ TARGET = ("Target: fp8mix >= 1.0x torch float32 GFLOP/s at 1024^3 and above (aim
           "the ratio vs torch bfloat16 is reported, not targeted.")
 SQUARE = [256, 512, 1024, 2048, 4096]
 LLM = (2048, 4096, 11008)  # M, K, N: a Llama-7B MLP up-projection with 2048 tokens
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def cpu_busy_seconds():
