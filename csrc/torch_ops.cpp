@@ -266,6 +266,27 @@ std::tuple<at::Tensor, at::Tensor> compute_scale_cpu(const at::Tensor &amax, at:
     return {s, si};
 }
 
+// Statistics of a cast (fp8mix_quant_stats): a float64 tensor of FP8MIX_STATS_N entries.
+at::Tensor quant_stats_cpu(const at::Tensor &x, const at::Tensor &q, const at::Tensor &scale_inv, int64_t gran)
+{
+    const char *op = "quant_stats";
+    check_cpu(x, op, "x");
+    check_cpu(q, op, "q");
+    fp8mix_dtype xt = hp_dtype(x, op, "x");
+    fp8mix_format fmt = fp8_format(q.scalar_type(), op);
+    fp8mix_granularity g = granularity(gran, op);
+    TORCH_CHECK_VALUE(x.sizes() == q.sizes(), "fp8mix.", op, ": x has shape ", x.sizes(), " but q has shape ",
+                      q.sizes());
+    View2D vx = view2d(x), vq = view2d(q);
+    at::Tensor s = scale_arg(scale_inv, scale_count(g, vx.rows, vx.cols), op, "scale_inv");
+    at::Tensor out = at::empty({FP8MIX_STATS_N}, x.options().dtype(at::kDouble));
+    sync_threads();
+    check_status(fp8mix_quant_stats(vx.t.data_ptr(), xt, vx.rows, vx.cols, vx.ld, (const uint8_t *)vq.t.data_ptr(),
+                                    vq.ld, fmt, g, s.data_ptr<float>(), out.data_ptr<double>()),
+                 op, "scale_inv must be finite and > 0");
+    return out;
+}
+
 at::Tensor dequantize_cpu(const at::Tensor &q, const at::Tensor &scale_inv, int64_t gran, at::ScalarType out_dtype)
 {
     const char *op = "dequantize";
@@ -791,6 +812,7 @@ TORCH_LIBRARY(fp8mix, m)
     m.def("compute_scale(Tensor amax, ScalarType fp8_dtype, int margin=0, bool power_2_scale=False, "
           "float amax_epsilon=0.0) -> (Tensor scale, Tensor scale_inv)");
     m.def("dequantize(Tensor q, Tensor scale_inv, int granularity, ScalarType out_dtype) -> Tensor");
+    m.def("quant_stats(Tensor x, Tensor q, Tensor scale_inv, int granularity) -> Tensor");
     m.def("scaled_mm(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, Tensor? bias=None, "
           "ScalarType? out_dtype=None, str accumulate='fp32', int promote_interval=128) -> Tensor");
     m.def("cpu_isa() -> str", &cpu_isa);
@@ -804,6 +826,7 @@ TORCH_LIBRARY_IMPL(fp8mix, CPU, m)
     m.impl("amax", &amax_cpu);
     m.impl("compute_scale", &compute_scale_cpu);
     m.impl("dequantize", &dequantize_cpu);
+    m.impl("quant_stats", &quant_stats_cpu);
     m.impl("scaled_mm", &scaled_mm_cpu);
 }
 

@@ -11,7 +11,7 @@ from . import _C  # noqa: F401  (loading it registers torch.ops.fp8mix)
 
 _ops = torch.ops.fp8mix
 
-__all__ = ["cast", "quantize_current", "amax", "compute_scale", "dequantize", "scaled_mm", "cpu_isa", "set_max_isa"]
+__all__ = ["cast", "quantize_current", "amax", "compute_scale", "dequantize", "scaled_mm", "quant_stats", "cpu_isa", "set_max_isa"]
 
 
 def _rows_cols(x: torch.Tensor):
@@ -69,6 +69,11 @@ def _dequantize_fake(q, scale_inv, granularity, out_dtype):
     return q.new_empty(q.shape, dtype=out_dtype)
 
 
+@torch.library.register_fake("fp8mix::quant_stats")
+def _quant_stats_fake(x, q, scale_inv, granularity):
+    return x.new_empty((QUANT_STATS_N,), dtype=torch.float64)
+
+
 @torch.library.register_fake("fp8mix::scaled_mm")
 def _scaled_mm_fake(a, b, scale_a, scale_b, bias=None, out_dtype=None, accumulate="fp32", promote_interval=128):
     return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype or torch.float32)
@@ -86,6 +91,18 @@ amax = _ops.amax
 compute_scale = _ops.compute_scale
 dequantize = _ops.dequantize
 scaled_mm = _ops.scaled_mm
+
+# fp8mix_quant_stats' output entries, in order (see fp8mix.h).
+QUANT_STATS_FIELDS = ("numel", "nonzero", "underflow", "saturated", "nonfinite", "overflow", "subnormal",
+                      "signal", "noise", "min_nonzero")
+QUANT_STATS_N = len(QUANT_STATS_FIELDS)
+
+
+def quant_stats(x, q, scale_inv, granularity):
+    """fp8mix_quant_stats on the CPU (tensors elsewhere are copied: stats are sampled)."""
+    if x.device.type != "cpu":
+        x, q, scale_inv = x.cpu(), q.cpu(), scale_inv.cpu()
+    return _ops.quant_stats(x, q, scale_inv, granularity)
 
 
 def cpu_isa() -> str:

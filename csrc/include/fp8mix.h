@@ -238,6 +238,41 @@ fp8mix_status fp8mix_dequantize(const uint8_t *q, fp8mix_format fmt,
                                 const float *scale_inv, void *out,
                                 fp8mix_dtype out_t, int64_t ld_out);
 
+/* ---- quantisation statistics -------------------------------------------- */
+
+/* Entries of fp8mix_quant_stats' output, in this order. */
+enum {
+    FP8MIX_STATS_NUMEL = 0,       /* elements                                      */
+    FP8MIX_STATS_NONZERO = 1,     /* x != 0 (NaN and inf included)                 */
+    FP8MIX_STATS_UNDERFLOW = 2,   /* finite x != 0 whose FP8 value is +-0          */
+    FP8MIX_STATS_SATURATED = 3,   /* finite x whose FP8 value is +-max ("|q|=max") */
+    FP8MIX_STATS_NONFINITE = 4,   /* x NaN or +-inf                                */
+    FP8MIX_STATS_OVERFLOW = 5,    /* finite x beyond the format's range after scaling:
+                                     |x| > (max + half a step) * scale_inv, i.e.
+                                     above 464 (E4M3) or 59392 (E5M2) in FP8 units,
+                                     the values a saturating cast clips            */
+    FP8MIX_STATS_SUBNORMAL = 6,   /* FP8 value non-zero and below the min normal   */
+    FP8MIX_STATS_SIGNAL = 7,      /* sum of x^2 over finite x (float64)            */
+    FP8MIX_STATS_NOISE = 8,       /* sum of (x - q * scale_inv)^2 over finite x with
+                                     finite q (float64); SQNR = 10 log10(signal/noise) */
+    FP8MIX_STATS_MIN_NONZERO = 9, /* min |x| over finite non-zero x (+inf if none)   */
+    FP8MIX_STATS_N = 10
+};
+
+/* Statistics of one cast: x (rows x cols of type xt, row stride ld_x) against
+ * q, its FP8 bytes in format fmt (row stride ld_q), with the dequantisation
+ * factors scale_inv laid out as gran's scale array (finite and > 0, else
+ * BAD_SCALE).  Writes out[FP8MIX_STATS_N] (see the enum; counts are exact
+ * integers in float64).  Sums are added in a fixed order, so out is the same
+ * for every thread count.  Empty input: zeros, MIN_NONZERO = +inf.
+ * Errors: NULL_POINTER, BAD_ENUM, BAD_SHAPE, BAD_SCALE, NO_MEMORY. */
+fp8mix_status fp8mix_quant_stats(const void *x, fp8mix_dtype xt, int64_t rows,
+                                 int64_t cols, int64_t ld_x, const uint8_t *q,
+                                 int64_t ld_q, fp8mix_format fmt,
+                                 fp8mix_granularity gran,
+                                 const float *scale_inv,
+                                 double out[FP8MIX_STATS_N]);
+
 /* ---- scaled GEMM -------------------------------------------------------- */
 
 /* Layout of B (logically K x N). */

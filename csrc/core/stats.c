@@ -1,0 +1,112 @@
+/*
+ * stats.c — what a cast lost: counts and error energy of x against its FP8
+ * bytes (fp8mix_quant_stats).  Used by the numerics monitor, the gradient
+ * scaler's feedback and the automatic format choice.  Sampled, not on the hot
+ * path, so there is one portable scalar kernel and no SIMD variant.
+ *
+ * Rows are split into tasks of STATS_ROWS rows; each task writes its own
+ * partial sums and the partials are added in task order, so the doubles are
+ * the same for every thread count.
+ */
+#include <math.h>
+#include <stdlib.h>
+
+#include "fp8mix.h"
+#include "internal.h"
+
+#define STATS_ROWS 64
+#define STATS_GRAIN (1 << 16)
+
+typedef struct stats_job {
+    const uint8_t *x;
+    fp8mix_dtype xt;
+    size_t esz;
+    int64_t rows, cols, ld_x;
+    const uint8_t *q;
+    int64_t ld_q;
+    fp8mix_granularity gran;
+    const float *scale_inv;
+    const float *table;
+    double fmt_max, ovf_bound, min_normal;
+    double *part; /* ntasks x FP8MIX_STATS_N */
+} stats_job;
+
+static void stats_task(void *ctx, int64_t task, int worker)
+{
+    (void)worker;
+    stats_job *J = (stats_job *)ctx;
+    double *s = J->part + task * FP8MIX_STATS_N;
+    double nz = 0, und = 0, sat = 0, nonfin = 0, ovf = 0, sub = 0, sig = 0, err = 0;
+    double mn = INFINITY;
+    int64_t r0 = task * STATS_ROWS, r1 = r0 + STATS_ROWS < J->rows ? r0 + STATS_ROWS : J->rows;
+    for (int64_t i = r0; i < r1; i++) {
+        const uint8_t *xr = J->x + (size_t)(i * J->ld_x) * J->esz;
+        const uint8_t *qr = J->q + i * J->ld_q;
+        for (int64_t j = 0; j < J->cols; j++) {
+            double x = (double)load_f32(xr, J->xt, j);
+            double d = (double)J->table[qr[j]];
+            double ad = fabs(d);
+            if (x != 0) nz += 1;
+            if (isnan(x) || isinf(x)) { nonfin += 1; continue; }
+            double si = (double)J->scale_inv[scale_index(J->gran, i, j, J->cols)];
+            double ax = fabs(x);
+            if (ax != 0 && ax < mn) mn = ax;
+            if (x != 0 && d == 0) und += 1;
+            if (ad == J->fmt_max) sat += 1;
+            if (ax > J->ovf_bound * si) ovf += 1;
+            if (ad != 0 && ad < J->min_normal) sub += 1;
+            sig += x * x;
+            if (!isnan(d) && !isinf(d)) {
+                double e = x - d * si;
+                err += e * e;
+            }
+        }
+    }
+    s[FP8MIX_STATS_NUMEL] = (double)((r1 - r0) * J->cols);
+    s[FP8MIX_STATS_NONZERO] = nz;
+    s[FP8MIX_STATS_UNDERFLOW] = und;
+    s[FP8MIX_STATS_SATURATED] = sat;
+    s[FP8MIX_STATS_NONFINITE] = nonfin;
+    s[FP8MIX_STATS_OVERFLOW] = ovf;
+    s[FP8MIX_STATS_SUBNORMAL] = sub;
+    s[FP8MIX_STATS_SIGNAL] = sig;
+    s[FP8MIX_STATS_NOISE] = err;
+    s[FP8MIX_STATS_MIN_NONZERO] = mn;
+}
+
+fp8mix_status fp8mix_quant_stats(const void *x, fp8mix_dtype xt, int64_t rows, int64_t cols,
+                                 int64_t ld_x, const uint8_t *q, int64_t ld_q, fp8mix_format fmt,
+                                 fp8mix_granularity gran, const float *scale_inv,
+                                 double out[FP8MIX_STATS_N])
+{
+    if (!out) return FP8MIX_ERR_NULL_POINTER;
+    if ((fmt != FP8MIX_E4M3 && fmt != FP8MIX_E5M2) || (xt != FP8MIX_F32 && xt != FP8MIX_BF16 &&
+        xt != FP8MIX_F16) || gran < FP8MIX_GRAN_TENSOR || gran > FP8MIX_GRAN_BLOCK2D)
+        return FP8MIX_ERR_BAD_ENUM;
+    if (bad_2d(rows, cols, ld_x) || bad_2d(rows, cols, ld_q)) return FP8MIX_ERR_BAD_SHAPE;
+    for (int k = 0; k < FP8MIX_STATS_N; k++) out[k] = 0;
+    out[FP8MIX_STATS_MIN_NONZERO] = INFINITY;
+    if (rows == 0 || cols == 0) return FP8MIX_OK;
+    if (!x || !q || !scale_inv) return FP8MIX_ERR_NULL_POINTER;
+    if (fp8mix_scales_bad(scale_inv, fp8mix_scale_count(gran, rows, cols))) return FP8MIX_ERR_BAD_SCALE;
+    int64_t ntasks = ceil_div(rows, STATS_ROWS);
+    if ((uint64_t)ntasks > SIZE_MAX / (FP8MIX_STATS_N * sizeof(double))) return FP8MIX_ERR_NO_MEMORY;
+    double *part = (double *)malloc((size_t)ntasks * FP8MIX_STATS_N * sizeof(double));
+    if (!part) return FP8MIX_ERR_NO_MEMORY;
+    stats_job J = {(const uint8_t *)x, xt, dtype_size(xt), rows, cols, ld_x, q, ld_q, gran, scale_inv,
+                   fp8mix_decode_table(fmt), (double)fp8mix_format_max(fmt),
+                   /* the overflow threshold of the encoder: max + half a step */
+                   fmt == FP8MIX_E4M3 ? 464.0 : 59392.0,
+                   fmt == FP8MIX_E4M3 ? ldexp(1.0, -6) : ldexp(1.0, -14), part};
+    fp8mix_parallel_for(ntasks, fp8mix_workers_for(rows * cols, STATS_GRAIN), stats_task, &J);
+    for (int64_t t = 0; t < ntasks; t++) {
+        const double *s = part + t * FP8MIX_STATS_N;
+        for (int k = 0; k < FP8MIX_STATS_N; k++)
+            if (k == FP8MIX_STATS_MIN_NONZERO)
+                out[k] = s[k] < out[k] ? s[k] : out[k];
+            else
+                out[k] += s[k];
+    }
+    free(part);
+    return FP8MIX_OK;
+}
