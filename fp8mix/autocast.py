@@ -24,6 +24,7 @@ class FP8Frame:
     enabled: bool
     recipe: Any
     group: Any
+    monitor: Any = None
 
 
 class _State(threading.local):
@@ -64,12 +65,14 @@ class fp8_autocast(contextlib.ContextDecorator):
         fp8_group: process group over which amaxes are all-reduced (MAX) so every
             data-parallel rank uses identical scales; default: the world group when
             torch.distributed is initialised.
+        monitor: an :class:`fp8mix.Monitor`; on its sampled steps every fp8mix module
+            inside reports the statistics of each of its casts (eager mode only).
 
     The backward pass uses the recipe its forward pass used, wherever backward runs.
     A module may run any number of times inside one context.
     """
 
-    def __init__(self, enabled: bool = True, fp8_recipe=None, fp8_group=None):
+    def __init__(self, enabled: bool = True, fp8_recipe=None, fp8_group=None, monitor=None):
         if not isinstance(enabled, bool):
             raise TypeError(f"fp8_autocast: enabled must be a bool, got {type(enabled).__name__}")
         if fp8_recipe is None:
@@ -78,7 +81,9 @@ class fp8_autocast(contextlib.ContextDecorator):
             raise TypeError("fp8_autocast: fp8_recipe must be a DelayedScaling, CurrentScaling or BlockScaling, "
                             f"got {type(fp8_recipe).__name__}")
         fp8_recipe.__post_init__()  # fields may have been changed since construction
-        self.frame = FP8Frame(enabled, fp8_recipe, fp8_group)
+        if monitor is not None and not (callable(getattr(monitor, "record", None)) and hasattr(monitor, "sampling")):
+            raise TypeError(f"fp8_autocast: monitor must be an fp8mix.Monitor, got {type(monitor).__name__}")
+        self.frame = FP8Frame(enabled, fp8_recipe, fp8_group, monitor)
 
     def __enter__(self):
         _state.stack.append(self.frame)
@@ -89,6 +94,6 @@ class fp8_autocast(contextlib.ContextDecorator):
         return False
 
 
-def autocast(enabled: bool = True, recipe=None, amax_reduction_group=None) -> fp8_autocast:
+def autocast(enabled: bool = True, recipe=None, amax_reduction_group=None, monitor=None) -> fp8_autocast:
     """Transformer Engine 2.x's name and argument spelling for :class:`fp8_autocast`."""
-    return fp8_autocast(enabled=enabled, fp8_recipe=recipe, fp8_group=amax_reduction_group)
+    return fp8_autocast(enabled=enabled, fp8_recipe=recipe, fp8_group=amax_reduction_group, monitor=monitor)

@@ -3,7 +3,8 @@
 E4M3 is OCP's e4m3fn (torch.float8_e4m3fn): bias 7, max 448, no infinities, one NaN.
 E5M2 is torch.float8_e5m2: bias 15, max 57344, infinities and NaNs like IEEE half.
 HYBRID is a policy, not an encoding: E4M3 for forward tensors (activations, weights),
-E5M2 for gradients.
+E5M2 for gradients. AUTO is a policy too: each layer chooses per tensor role from
+observed statistics (fp8mix.auto_format), starting from HYBRID's assignment.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ class Format(enum.Enum):
     E4M3 = "E4M3"
     E5M2 = "E5M2"
     HYBRID = "HYBRID"
+    AUTO = "AUTO"
 
     def __repr__(self) -> str:  # like Transformer Engine's Format.HYBRID
         return f"Format.{self.name}"

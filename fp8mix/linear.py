@@ -13,6 +13,9 @@ Delayed-scaling state lives in buffers, so it is in state_dict():
     fp8_amax_history  (L, 3) float32   newest first; columns input, weight, grad_output
     fp8_scale         (3,)   float32   the scale the next cast of each role uses
     fp8_steps         (3,)   int64     amaxes recorded per role
+    fp8_rng           (2,)   int64     stochastic rounding: Philox key, next offset
+    fp8_auto          (3, 5) int64     Format.AUTO's state per role (fp8mix.auto_format)
+(The last two are optional when loading: a checkpoint without them starts them fresh.)
 When the history rolls — once per use of a role:
   * input: every forward call records its input's amax;
   * weight: every forward that casts it; with ``is_first_microbatch=False`` the FP8
@@ -36,9 +39,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import ops
+from . import auto_format, grad_stats, ops
 from .autocast import current_frame
-from .formats import GRANULARITIES, fp8_dtype
+from .formats import GRANULARITIES, Format, fp8_dtype
 from .recipe import BlockScaling, CurrentScaling, DelayedScaling, role_format
 
 __all__ = ["Linear"]
@@ -51,10 +54,18 @@ _TENSOR = GRANULARITIES["tensor"]
 _BLOCK = GRANULARITIES["block"]
 _BLOCK2D = GRANULARITIES["block2d"]
 _FP8_KEYS = ("fp8_amax_history", "fp8_scale", "fp8_steps")
+_OPT_KEYS = ("fp8_rng", "fp8_auto")  # newer state: a checkpoint may lack them
+_GRAN_NAMES = {v: k for k, v in GRANULARITIES.items()}
+_NO_SR = (False, 0, 0)
 # The history is allocated at DelayedScaling's default length up front, so that a fresh
 # model's state_dict has the shapes of a trained one (torch.distributed.checkpoint loads
 # in place and needs them); another recipe length is adopted at the first forward.
 _DEFAULT_HISTORY = DelayedScaling().amax_history_len
+
+
+def _auto_initial() -> list:
+    """Format.AUTO's starting state per role: HYBRID's assignment, nothing counted."""
+    return [auto_format.initial_state(role_format(Format.HYBRID, r)) for r in _ROLE_NAMES]
 
 
 def _hp_out_dtype(x: torch.Tensor, module_dtype: torch.dtype) -> torch.dtype:
@@ -91,47 +102,73 @@ def _algo_result(v, device) -> torch.Tensor:
     return t.reshape(())
 
 
+def _compiling() -> bool:
+    return torch.compiler.is_compiling()
+
+
 class _Plan:
-    """What one forward call decided, kept for its backward (which uses the same recipe)."""
+    """What one forward call decided, kept for its backward (which uses the same recipe,
+    formats, random stream and observers)."""
 
-    __slots__ = ("recipe", "group", "out_dtype", "fmts", "grad_fresh")
+    __slots__ = ("recipe", "group", "out_dtype", "fmts", "grad_fresh", "sr", "monitor", "name", "auto_use",
+                 "auto_choice")
 
-    def __init__(self, recipe, group, out_dtype):
+    def __init__(self, recipe, group, out_dtype, fmts):
         self.recipe = recipe
         self.group = group
         self.out_dtype = out_dtype
-        self.fmts = [role_format(recipe.fp8_format, r) for r in _ROLE_NAMES]
+        self.fmts = fmts
         self.grad_fresh = False  # delayed: no grad_output amax recorded yet
+        self.sr = [_NO_SR, _NO_SR, _NO_SR, _NO_SR]  # per role; [3]: the second grad cast (BlockScaling)
+        self.monitor = None  # a Monitor sampling this step
+        self.name = ""
+        self.auto_use = -1  # Format.AUTO: index of the grad_output use backward evaluates
+        self.auto_choice = None  # ... and backward's (Format, reason)
 
 
-def _current(x2, fmt, recipe, granularity, group, transpose=False):
+def _current(x2, fmt, recipe, granularity, group, transpose=False, sr=_NO_SR):
     """Current scaling of a 2-D tensor: (q, qt, scale_inv, amax). With a process group
-    the amaxes are all-reduced first so that every rank uses the same scales."""
+    the amaxes are all-reduced first so that every rank uses the same scales.
+    sr: (stochastic, seed, offset) of the cast."""
     margin, pow2 = recipe.margin, recipe.power_2_scale
     eps = float(getattr(recipe, "amax_epsilon", 0.0))
     if group is None:
-        return ops.quantize_current(x2, fp8_dtype(fmt), granularity, margin, pow2, eps, True, False, 0, 0, True,
-                                    transpose)
+        return ops.quantize_current(x2, fp8_dtype(fmt), granularity, margin, pow2, eps, True, *sr, True, transpose)
     am = ops.amax(x2, granularity)
     _all_reduce_max(am, group)
     scale, sinv = ops.compute_scale(am, fp8_dtype(fmt), margin, pow2, eps)
-    q, qt, _ = ops.cast(x2, scale, fp8_dtype(fmt), granularity, True, False, 0, 0, True, transpose)
+    q, qt, _ = ops.cast(x2, scale, fp8_dtype(fmt), granularity, True, *sr, True, transpose)
     return q, qt, sinv, am
 
 
 def _cast_grad(dy2: torch.Tensor, plan: _Plan, g_scale: torch.Tensor):
-    """grad_output casts for dgrad (dy) and wgrad (dy^T): (gq, g_sinv, gtq, gt_sinv, amax)."""
-    recipe, fmt = plan.recipe, plan.fmts[_GRAD]
+    """grad_output casts for dgrad (dy) and wgrad (dy^T):
+    (gq, g_sinv, gtq, gt_sinv, amax, granularity of gq)."""
+    recipe, fmt, sr = plan.recipe, plan.fmts[_GRAD], plan.sr[_GRAD]
     if isinstance(recipe, BlockScaling):  # 1x128 tiles along N for dgrad, along M for wgrad
-        gq, _, g_sinv, _ = _current(dy2, fmt, recipe, _BLOCK, plan.group)
-        gtq, _, gt_sinv, _ = _current(dy2.t(), fmt, recipe, _BLOCK, plan.group)
-        return gq, g_sinv, gtq, gt_sinv, None
+        gq, _, g_sinv, _ = _current(dy2, fmt, recipe, _BLOCK, plan.group, sr=sr)
+        gtq, _, gt_sinv, _ = _current(dy2.t(), fmt, recipe, _BLOCK, plan.group, sr=plan.sr[3])
+        return gq, g_sinv, gtq, gt_sinv, None, _BLOCK
     if isinstance(recipe, CurrentScaling) or plan.grad_fresh:
-        gq, gtq, g_sinv, am = _current(dy2, fmt, recipe, _TENSOR, plan.group, transpose=True)
-        return gq, g_sinv, gtq, g_sinv, am if plan.grad_fresh else None
-    gq, gtq, am = ops.cast(dy2, g_scale, fp8_dtype(fmt), _TENSOR, True, False, 0, 0, True, True)
+        gq, gtq, g_sinv, am = _current(dy2, fmt, recipe, _TENSOR, plan.group, transpose=True, sr=sr)
+        return gq, g_sinv, gtq, g_sinv, am if plan.grad_fresh else None, _TENSOR
+    gq, gtq, am = ops.cast(dy2, g_scale, fp8_dtype(fmt), _TENSOR, True, *sr, True, True)
     g_sinv = torch.reciprocal(g_scale)
-    return gq, g_sinv, gtq, g_sinv, am
+    return gq, g_sinv, gtq, g_sinv, am, _TENSOR
+
+
+def _observe_grad(dy2, gq, g_sinv, gran: int, plan: _Plan) -> None:
+    """Eager-only observers of the grad_output cast: the gradient scaler's feedback
+    counts, a sampling monitor, and Format.AUTO's evaluation of this use."""
+    if grad_stats.enabled():
+        grad_stats.add(ops.quant_stats(dy2, gq, g_sinv, gran))
+    if plan.monitor is not None:
+        plan.monitor.record(plan.name, "grad_output", dy2, gq, g_sinv, _GRAN_NAMES[gran], fmt=plan.fmts[_GRAD],
+                            scale=None, amax=None)
+    if plan.auto_use >= 0:
+        r = plan.recipe
+        s4, s5 = auto_format.evaluate(dy2, gran, r.margin, r.power_2_scale)
+        plan.auto_choice = auto_format.prefer(s4, s5, r.auto.range_tolerance, float(dy2.abs().amax()))
 
 
 class _FP8LinearFn(torch.autograd.Function):
@@ -163,7 +200,9 @@ class _FP8LinearFn(torch.autograd.Function):
         dy2 = dy
         if dy2.dtype not in (torch.float32, torch.bfloat16, torch.float16):
             dy2 = dy2.float()
-        gq, g_sinv, gtq, gt_sinv, am = _cast_grad(dy2, plan, g_scale)
+        gq, g_sinv, gtq, gt_sinv, am, gran = _cast_grad(dy2, plan, g_scale)
+        if not _compiling():
+            _observe_grad(dy2, gq, g_sinv, gran, plan)
         dx = dw = db = d_slot = None
         if ctx.needs_input_grad[0]:
             dx = ops.scaled_mm(gq, wq, g_sinv, w_sinv, None, ctx.x_dtype, "fp32", 128)
@@ -214,11 +253,20 @@ class Linear(nn.Linear):
         self.register_buffer("fp8_amax_history", torch.zeros(history_len, 3, dtype=torch.float32, device=device))
         self.register_buffer("fp8_scale", torch.ones(3, dtype=torch.float32, device=device))
         self.register_buffer("fp8_steps", torch.zeros(3, dtype=torch.int64, device=device))
+        self.register_buffer("fp8_rng", torch.zeros(2, dtype=torch.int64, device=device))
+        self.register_buffer("fp8_auto", torch.tensor(_auto_initial(), dtype=torch.int64, device=device))
+        # Python mirrors of fp8_rng and fp8_auto: read and changed every call without a
+        # host sync; written into the buffers by state_dict(), read back by loading.
+        self._sr_key, self._sr_offset = 0, 0
+        self._auto_state = _auto_initial()
+        self._auto_plans = []  # plans whose backward evaluates grad_output for Format.AUTO
+        self._auto_reasons = {}
         self._wcache = None
         self._fallback_logged = False
         self._fp8_absent = []
         self._fp8_fresh = [True, True, True]  # mirrors fp8_steps == 0 without reading the tensor
         self._last_delayed = None  # (recipe, group) of the last delayed-scaling forward
+        self._last_recipe = None  # the recipe of the last FP8 forward (Format.AUTO folds)
         self._new_grad_slots(device)
         self.register_load_state_dict_post_hook(_forgive_missing_fp8_state)
         self._register_state_dict_hook(_flush_before_save)
@@ -256,11 +304,99 @@ class Linear(nn.Linear):
             self.fp8_amax_history.zero_()
             self.fp8_scale.fill_(1.0)
             self.fp8_steps.zero_()
+        self._reset_optional_state()
         for slot in self._grad_slots:
             slot.grad = None
         self._slots_pending = []
         self._wcache = None
         self._fp8_fresh = [True, True, True]
+
+    def _reset_optional_state(self) -> None:
+        with torch.no_grad():
+            self.fp8_rng.zero_()
+            self.fp8_auto.copy_(torch.tensor(_auto_initial()))
+        self._sr_key, self._sr_offset = 0, 0
+        self._auto_state = _auto_initial()
+        self._auto_plans = []
+        self._auto_reasons = {}
+
+    def _sync_mirrors_to_buffers(self) -> None:
+        with torch.no_grad():
+            self.fp8_rng.copy_(torch.tensor([self._sr_key, self._sr_offset], dtype=torch.int64))
+            self.fp8_auto.copy_(torch.tensor(self._auto_state, dtype=torch.int64))
+
+    def _sync_mirrors_from_buffers(self) -> None:
+        self._sr_key, self._sr_offset = (int(v) for v in self.fp8_rng.tolist())
+        self._auto_state = [list(map(int, r)) for r in self.fp8_auto.tolist()]
+        self._auto_plans = []
+
+    # ---- format per role (Format.AUTO) and stochastic rounding ----------------------
+    def _fmt(self, recipe, role: int) -> Format:
+        if recipe.fp8_format is Format.AUTO:
+            return auto_format.current(self._auto_state[role])
+        return role_format(recipe.fp8_format, _ROLE_NAMES[role])
+
+    def fp8_format_report(self) -> dict:
+        """Format.AUTO's current choice per tensor role, with the reason of the last
+        evaluation that changed or confirmed it: {role: (Format name, reason)}."""
+        if self._last_recipe is not None:
+            self._fold_auto_grad(self._last_recipe)  # backwards that ran since the last forward
+        return {r: (auto_format.current(self._auto_state[i]).name, self._auto_reasons.get(r, "not evaluated yet"))
+                for i, r in enumerate(_ROLE_NAMES)}
+
+    def _auto_vote(self, role: int, use: int, choice, recipe) -> None:
+        fmt, reason = choice
+        self._auto_reasons[_ROLE_NAMES[role]] = reason
+        if auto_format.vote(self._auto_state[role], use, fmt, recipe.auto):
+            log.info("fp8mix.Linear %s: %s now %s (%s)", getattr(self, "_fp8_name", ""), _ROLE_NAMES[role],
+                     fmt.name, reason)
+            if recipe.delayed() and not self._fp8_fresh[role]:
+                with torch.no_grad():  # the history is in units of x: rescale it for the new format's max
+                    self._rescale_from_history(role, recipe)
+            self._wcache = None
+
+    def _auto_forward(self, x2: torch.Tensor, w: torch.Tensor, recipe, wants_grad: bool, weight_cast: bool):
+        """Format.AUTO bookkeeping of one forward: evaluate input/weight when due, and
+        return the use index of grad_output that backward should evaluate (or -1)."""
+        self._fold_auto_grad(recipe)
+        for role, t, counted in ((_INPUT, x2, True), (_WEIGHT, w, weight_cast)):
+            if not counted:
+                continue
+            st = self._auto_state[role]
+            evaluate = auto_format.due(st, recipe.auto)
+            use = auto_format.tick(st)
+            if evaluate:
+                gran = _BLOCK2D if (role == _WEIGHT and isinstance(recipe, BlockScaling)) else (
+                    _BLOCK if isinstance(recipe, BlockScaling) else _TENSOR)
+                s4, s5 = auto_format.evaluate(t, gran, recipe.margin, recipe.power_2_scale)
+                self._auto_vote(role, use, auto_format.prefer(s4, s5, recipe.auto.range_tolerance,
+                                                              float(t.abs().amax())), recipe)
+        if not wants_grad:
+            return -1
+        st = self._auto_state[_GRAD]
+        evaluate = auto_format.due(st, recipe.auto)
+        use = auto_format.tick(st)
+        return use if evaluate else -1
+
+    def _fold_auto_grad(self, recipe) -> None:
+        """Fold the grad_output evaluations earlier backwards left in their plans."""
+        keep = []
+        for plan in self._auto_plans:
+            if plan.auto_choice is not None:
+                self._auto_vote(_GRAD, plan.auto_use, plan.auto_choice, recipe)
+            elif len(self._auto_plans) - len(keep) <= self._N_GRAD_SLOTS:
+                keep.append(plan)  # backward not run yet (older ones are taken as abandoned)
+        self._auto_plans = keep
+
+    def _sr_stream(self, numel: int):
+        """(True, seed, offset) for one stochastic cast of numel elements, advancing this
+        layer's Philox offset past it. The key is drawn at the first use."""
+        if self._sr_key == 0:
+            self._sr_key = int(torch.randint(1, 2 ** 62, (1,)).item())
+        off = self._sr_offset
+        self._sr_offset = (off + -(-numel // 4) * 4) % 2 ** 62
+        return (True, self._sr_key, off)
+
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
@@ -275,7 +411,7 @@ class Linear(nn.Linear):
         self._slots_pending = []
         # Remember which FP8 buffers this checkpoint lacks (an nn.Linear checkpoint):
         # the post-hook forgives exactly those and starts the FP8 state fresh.
-        self._fp8_absent = [prefix + k for k in _FP8_KEYS if prefix + k not in state_dict]
+        self._fp8_absent = [prefix + k for k in _FP8_KEYS + _OPT_KEYS if prefix + k not in state_dict]
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
 
@@ -301,6 +437,12 @@ class Linear(nn.Linear):
         h.copy_(torch.roll(h, 1, 0))
         h[0] = torch.where(torch.isfinite(am), am, torch.zeros_like(am))
         self.fp8_steps[role] += 1
+        self._rescale_from_history(role, recipe, every_interval=True)
+
+    def _rescale_from_history(self, role: int, recipe: DelayedScaling, every_interval: bool = False) -> None:
+        """The role's scale from its amax history by the recipe's algorithm (kept when the
+        amax is 0 or not finite; with every_interval, only every `interval` records)."""
+        h = self.fp8_amax_history[:, role]
         algo = recipe.amax_compute_algo
         if algo == "max":
             a = h.amax()
@@ -308,10 +450,10 @@ class Linear(nn.Linear):
             a = h[0]
         else:
             a = _algo_result(algo(h.clone()), h.device)
-        fmt = role_format(recipe.fp8_format, _ROLE_NAMES[role])
+        fmt = self._fmt(recipe, role)
         s, _ = ops.compute_scale(a.reshape(1), fp8_dtype(fmt), recipe.margin, recipe.power_2_scale, 0.0)
         ok = torch.isfinite(a) & (a > 0)
-        if recipe.interval > 1:  # a tensor test: no host sync, no graph break
+        if every_interval and recipe.interval > 1:  # a tensor test: no host sync, no graph break
             ok = ok & (self.fp8_steps[role] % recipe.interval == 0)
         self.fp8_scale[role] = torch.where(ok, s[0], self.fp8_scale[role])
 
@@ -330,7 +472,7 @@ class Linear(nn.Linear):
                 if self._fp8_fresh[_GRAD]:  # first record: the scale comes from this amax
                     self._fp8_fresh[_GRAD] = False
                     _all_reduce_max(am, group)
-                    fmt = role_format(recipe.fp8_format, "grad_output")
+                    fmt = self._fmt(recipe, _GRAD)
                     s, _ = ops.compute_scale(am.reshape(1), fp8_dtype(fmt), recipe.margin, recipe.power_2_scale, 0.0)
                     self.fp8_scale[_GRAD] = s[0]
                 self._record_amax(_GRAD, am, recipe, group)
@@ -347,7 +489,7 @@ class Linear(nn.Linear):
                 s, _ = ops.compute_scale(am, fp8_dtype(fmt), recipe.margin, recipe.power_2_scale, 0.0)
                 self.fp8_scale[role] = s
             scale = self.fp8_scale[role].clone()
-            q, _, am = ops.cast(x2, scale, fp8_dtype(fmt), _TENSOR, True, False, 0, 0, True, False)
+            q, _, am = ops.cast(x2, scale, fp8_dtype(fmt), _TENSOR, True, *plan.sr[role], True, False)
             self._record_amax(role, am, recipe, plan.group)
         return q, torch.reciprocal(scale)
 
@@ -355,13 +497,16 @@ class Linear(nn.Linear):
     def _cast_input(self, x2: torch.Tensor, plan: _Plan):
         """(xq, x_sinv, x_save, x_save_sinv); x_save None means 'backward keeps xq'."""
         recipe, fmt = plan.recipe, plan.fmts[_INPUT]
+        sr = plan.sr[_INPUT]
         if isinstance(recipe, BlockScaling):
-            xq, _, x_sinv, _ = _current(x2, fmt, recipe, _BLOCK, plan.group)
+            xq, _, x_sinv, _ = _current(x2, fmt, recipe, _BLOCK, plan.group, sr=sr)
             # wgrad needs x blocked along M too: keep a 128x128-block copy rather than xq
-            x_save, _, x_save_sinv, _ = _current(x2, fmt, recipe, _BLOCK2D, plan.group)
+            # (its own random words: shifting the offset by one cast's worth)
+            sr2 = (sr[0], sr[1], sr[2] + -(-x2.numel() // 4) * 4) if sr[0] else sr
+            x_save, _, x_save_sinv, _ = _current(x2, fmt, recipe, _BLOCK2D, plan.group, sr=sr2)
             return xq, x_sinv, x_save, x_save_sinv
         if isinstance(recipe, CurrentScaling):
-            xq, _, x_sinv, _ = _current(x2, fmt, recipe, _TENSOR, plan.group)
+            xq, _, x_sinv, _ = _current(x2, fmt, recipe, _TENSOR, plan.group, sr=sr)
         else:
             xq, x_sinv = self._cast_delayed(x2, _INPUT, plan)
         return xq, x_sinv, None, None
@@ -371,7 +516,8 @@ class Linear(nn.Linear):
         casts and keeps the result; False reuses what the last True call kept (an error if
         there is none, or if it was cast under another recipe or format)."""
         recipe, fmt = plan.recipe, plan.fmts[_WEIGHT]
-        key = (type(recipe), fmt, recipe.margin, recipe.power_2_scale, weight.shape, weight.dtype)
+        key = (type(recipe), fmt, recipe.margin, recipe.power_2_scale, weight.shape, weight.dtype,
+               recipe.rounding["weight"])
         if is_first_microbatch is False:
             if self._wcache is None or self._wcache[0] != key:
                 raise RuntimeError("fp8mix.Linear: is_first_microbatch=False but no FP8 weight was cached by an "
@@ -379,9 +525,9 @@ class Linear(nn.Linear):
             return self._wcache[1], self._wcache[2]
         w = weight.detach()
         if isinstance(recipe, BlockScaling):
-            wq, _, sinv, _ = _current(w, fmt, recipe, _BLOCK2D, plan.group)
+            wq, _, sinv, _ = _current(w, fmt, recipe, _BLOCK2D, plan.group, sr=plan.sr[_WEIGHT])
         elif isinstance(recipe, CurrentScaling):
-            wq, _, sinv, _ = _current(w, fmt, recipe, _TENSOR, plan.group)
+            wq, _, sinv, _ = _current(w, fmt, recipe, _TENSOR, plan.group, sr=plan.sr[_WEIGHT])
         else:
             wq, sinv = self._cast_delayed(w, _WEIGHT, plan)
         self._wcache = (key, wq, sinv) if is_first_microbatch else None
@@ -426,7 +572,24 @@ class Linear(nn.Linear):
         if not self._fp8_ok(x):
             return F.linear(x, self.weight, self.bias)
         recipe = frame.recipe
-        plan = _Plan(recipe, _reduce_group(frame.group), _hp_out_dtype(x, self.weight.dtype))
+        self._last_recipe = recipe
+        eager = not _compiling()
+        wants_grad = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
+        weight_cast = is_first_microbatch is not False
+        x2 = x.reshape(-1, self.in_features)
+        auto_use = -1
+        if recipe.fp8_format is Format.AUTO and eager:  # decisions need host reads: eager only
+            auto_use = self._auto_forward(x2.detach(), self.weight.detach(), recipe, wants_grad, weight_cast)
+        plan = _Plan(recipe, _reduce_group(frame.group), _hp_out_dtype(x, self.weight.dtype),
+                     [self._fmt(recipe, r) for r in range(3)])
+        if auto_use >= 0:
+            plan.auto_use = auto_use
+            self._auto_plans.append(plan)
+        self._plan_rounding(plan, x2.shape[0], weight_cast, wants_grad)
+        monitor = frame.monitor
+        if monitor is not None and eager and monitor.sampling:
+            plan.monitor = monitor
+            plan.name = getattr(self, "_fp8_name", None) or f"Linear@{id(self):x}"
         g_scale = self.fp8_scale[_GRAD]
         if recipe.delayed():
             with torch.no_grad():
@@ -435,15 +598,37 @@ class Linear(nn.Linear):
             self._last_delayed = (recipe, plan.group)
             plan.grad_fresh = self._fp8_fresh[_GRAD]  # until a grad amax is recorded
             g_scale = g_scale.clone()  # the scale this call's backward will use
-        wants_grad = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
         slot = self._take_slot() if recipe.delayed() and wants_grad else self._no_slot
-        x2 = x.reshape(-1, self.in_features)
         with torch.no_grad():
             xq, x_sinv, x_save, x_save_sinv = self._cast_input(x2.detach(), plan)
             wq, w_sinv = self._weight_fp8(self.weight, plan, is_first_microbatch)
+            if plan.monitor is not None:
+                self._monitor_forward(plan, x2.detach(), xq, x_sinv, wq, w_sinv, weight_cast)
         y2 = _FP8LinearFn.apply(x2, self.weight, self.bias, xq, x_sinv, x_save, x_save_sinv, wq, w_sinv, g_scale,
                                 slot, plan)
         return y2.reshape(*x.shape[:-1], self.out_features)
+
+    def _plan_rounding(self, plan: _Plan, rows: int, weight_cast: bool, wants_grad: bool) -> None:
+        """Reserve this call's stochastic-rounding streams (forward decides them for its
+        backward too, so backward changes no state)."""
+        r = plan.recipe.rounding
+        block = isinstance(plan.recipe, BlockScaling)
+        if r["input"] == "stochastic":  # BlockScaling casts x twice: reserve both
+            plan.sr[_INPUT] = self._sr_stream(rows * self.in_features * (2 if block else 1))
+        if r["weight"] == "stochastic" and weight_cast:
+            plan.sr[_WEIGHT] = self._sr_stream(self.weight.numel())
+        if r["grad_output"] == "stochastic" and wants_grad:
+            plan.sr[_GRAD] = self._sr_stream(rows * self.out_features)
+            if block:
+                plan.sr[3] = self._sr_stream(rows * self.out_features)
+
+    def _monitor_forward(self, plan: _Plan, x2, xq, x_sinv, wq, w_sinv, weight_cast: bool) -> None:
+        block = isinstance(plan.recipe, BlockScaling)
+        plan.monitor.record(plan.name, "input", x2, xq, x_sinv, "block" if block else "tensor",
+                            fmt=plan.fmts[_INPUT], scale=None, amax=None)
+        if weight_cast:
+            plan.monitor.record(plan.name, "weight", self.weight.detach(), wq, w_sinv,
+                                "block2d" if block else "tensor", fmt=plan.fmts[_WEIGHT], scale=None, amax=None)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + ", fp8=True"
@@ -454,11 +639,18 @@ def _forgive_missing_fp8_state(module, incompatible_keys):
     buffers are missing, start its FP8 state fresh instead of failing."""
     absent, module._fp8_absent = module._fp8_absent, []
     missing = incompatible_keys.missing_keys
-    if absent and len(absent) == len(_FP8_KEYS) and all(k in missing for k in absent):
-        for k in absent:
+    optional = [k for k in absent if k.endswith(_OPT_KEYS) and k in missing]
+    core = [k for k in absent if k not in optional]
+    if core and len(core) == len(_FP8_KEYS) and all(k in missing for k in core):
+        for k in core:
             missing.remove(k)
         module.reset_fp8_state()
+    if optional:  # a checkpoint from before stochastic rounding / Format.AUTO state
+        for k in optional:
+            missing.remove(k)
+        module._reset_optional_state()
     module._fp8_fresh = [int(n) == 0 for n in module.fp8_steps.tolist()]
+    module._sync_mirrors_from_buffers()
 
 
 def _flush_before_save(module, state_dict, prefix, local_metadata):
@@ -466,6 +658,10 @@ def _flush_before_save(module, state_dict, prefix, local_metadata):
     resumed run continues exactly as an uninterrupted one."""
     if module._last_delayed is not None and any(s.grad is not None for s in module._grad_slots):
         module._flush_grad_amax(*module._last_delayed)
-        for k in _FP8_KEYS:
+    if module._last_recipe is not None and any(p.auto_choice is not None for p in module._auto_plans):
+        module._fold_auto_grad(module._last_recipe)
+    module._sync_mirrors_to_buffers()
+    for k in _FP8_KEYS + _OPT_KEYS:
+        if prefix + k in state_dict:
             state_dict[prefix + k] = getattr(module, k).detach()
     return state_dict

@@ -8,21 +8,36 @@
 
 Tensor roles of a linear layer: ``"input"`` and ``"weight"`` (forward, E4M3 under
 HYBRID) and ``"grad_output"`` (backward, E5M2 under HYBRID).
+
+Fields every recipe has besides its scaling:
+
+- ``fp8_format``: ``Format.E4M3``, ``E5M2``, ``HYBRID`` or ``AUTO`` (chosen per layer and
+  role from statistics; ``auto`` holds the policy, see :class:`fp8mix.auto_format.AutoFormat`).
+- ``rounding``: ``"nearest"`` (default) or ``"stochastic"`` for every role, or a dict
+  from role (``"input"``, ``"weight"``, ``"grad_output"``; ``"grad"`` is an alias) to
+  mode, e.g. ``{"grad": "stochastic"}``. Stochastic rounding draws its random words
+  from a per-layer Philox stream whose offset advances with every cast, so no two
+  casts (and no two steps) reuse random bits; the stream's key is drawn from torch's
+  generator at the layer's first stochastic cast (``torch.manual_seed`` makes runs
+  repeatable) and is saved in the layer's state_dict.
 """
 from __future__ import annotations
 
 import dataclasses
 from typing import Callable, Union
 
+from .auto_format import AutoFormat
 from .formats import Format
 
 __all__ = ["DelayedScaling", "CurrentScaling", "BlockScaling", "Float8CurrentScaling", "Float8BlockScaling",
            "ROLES", "role_format"]
 
 ROLES = ("input", "weight", "grad_output")
+_ROUNDINGS = ("nearest", "stochastic")
+_ROLE_ALIASES = {"grad": "grad_output", "gradient": "grad_output", "activation": "input"}
 
 
-def _check_format(fmt, allowed=(Format.E4M3, Format.E5M2, Format.HYBRID)):
+def _check_format(fmt, allowed=(Format.E4M3, Format.E5M2, Format.HYBRID, Format.AUTO)):
     if isinstance(fmt, str):
         try:
             fmt = Format[fmt.upper()]
@@ -39,10 +54,42 @@ def _check_bool(name, v):
 
 
 def role_format(fmt: Format, role: str) -> Format:
-    """The encoding a tensor role gets under `fmt` (HYBRID: E5M2 for gradients only)."""
-    if fmt is Format.HYBRID:
+    """The encoding a tensor role gets under `fmt` (HYBRID: E5M2 for gradients only;
+    AUTO: HYBRID's assignment until a layer has decided otherwise)."""
+    if fmt in (Format.HYBRID, Format.AUTO):
         return Format.E5M2 if role == "grad_output" else Format.E4M3
     return fmt
+
+
+def _check_rounding(owner: str, rounding):
+    """Normalise `rounding` to a dict role -> mode with every role present."""
+    if isinstance(rounding, str):
+        if rounding not in _ROUNDINGS:
+            raise ValueError(f"{owner}.rounding must be 'nearest', 'stochastic' or a dict role -> mode, "
+                             f"got {rounding!r}")
+        return {r: rounding for r in ROLES}
+    if not isinstance(rounding, dict):
+        raise TypeError(f"{owner}.rounding must be a str or a dict role -> mode, got {type(rounding).__name__}")
+    out = {r: "nearest" for r in ROLES}
+    for k, v in rounding.items():
+        role = _ROLE_ALIASES.get(k, k)
+        if role not in ROLES:
+            raise ValueError(f"{owner}.rounding: unknown tensor role {k!r}; roles are {list(ROLES)} "
+                             "(or 'grad')")
+        if v not in _ROUNDINGS:
+            raise ValueError(f"{owner}.rounding[{k!r}] must be 'nearest' or 'stochastic', got {v!r}")
+        out[role] = v
+    return out
+
+
+def _check_common(recipe):
+    """Checks of the fields every recipe has (format, rounding, AUTO policy)."""
+    name = type(recipe).__name__
+    recipe.fp8_format = _check_format(recipe.fp8_format)
+    recipe.rounding = _check_rounding(name, recipe.rounding)
+    if not isinstance(recipe.auto, AutoFormat):
+        raise TypeError(f"{name}.auto must be an fp8mix.auto_format.AutoFormat, got {type(recipe.auto).__name__}")
+    recipe.auto.__post_init__()
 
 
 @dataclasses.dataclass
@@ -66,6 +113,8 @@ class DelayedScaling:
     amax_history_len: int = 1024
     amax_compute_algo: Union[str, Callable] = "max"
     power_2_scale: bool = False
+    rounding: Union[str, dict] = "nearest"
+    auto: AutoFormat = dataclasses.field(default_factory=AutoFormat)
 
     def __post_init__(self):
         _check_margin("DelayedScaling", self.margin)
@@ -77,7 +126,7 @@ class DelayedScaling:
         if not callable(self.amax_compute_algo) and self.amax_compute_algo not in ("max", "most_recent"):
             raise ValueError("DelayedScaling.amax_compute_algo must be 'max', 'most_recent' or a callable, "
                              f"got {self.amax_compute_algo!r}")
-        self.fp8_format = _check_format(self.fp8_format)
+        _check_common(self)
         _check_bool("power_2_scale", self.power_2_scale)
 
     def delayed(self) -> bool:
@@ -94,7 +143,7 @@ class _JustInTime:
 
     def __post_init__(self):
         name = type(self).__name__
-        self.fp8_format = _check_format(self.fp8_format)
+        _check_common(self)
         _check_bool("power_2_scale", self.power_2_scale)
         eps = self.amax_epsilon
         if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0.0 <= float(eps) < float("inf"):
@@ -114,6 +163,8 @@ class CurrentScaling(_JustInTime):
     power_2_scale: bool = False
     amax_epsilon: float = 0.0
     margin: int = 0
+    rounding: Union[str, dict] = "nearest"
+    auto: AutoFormat = dataclasses.field(default_factory=AutoFormat)
 
 
 @dataclasses.dataclass
@@ -126,6 +177,8 @@ class BlockScaling(_JustInTime):
     power_2_scale: bool = False
     amax_epsilon: float = 0.0
     margin: int = 0
+    rounding: Union[str, dict] = "nearest"
+    auto: AutoFormat = dataclasses.field(default_factory=AutoFormat)
 
 
 # Transformer Engine 2.x spellings

@@ -304,10 +304,10 @@ def test_activation_checkpointing():
 def test_autocast_signatures_and_default_recipe():
     sig = inspect.signature(fp8mix.fp8_autocast)
     assert [(p.name, p.default) for p in sig.parameters.values()] == \
-        [("enabled", True), ("fp8_recipe", None), ("fp8_group", None)]
+        [("enabled", True), ("fp8_recipe", None), ("fp8_group", None), ("monitor", None)]
     sig = inspect.signature(fp8mix.autocast)
     assert [(p.name, p.default) for p in sig.parameters.values()] == \
-        [("enabled", True), ("recipe", None), ("amax_reduction_group", None)]
+        [("enabled", True), ("recipe", None), ("amax_reduction_group", None), ("monitor", None)]
     from fp8mix.autocast import get_fp8_recipe
     assert not fp8mix.is_fp8_enabled() and get_fp8_recipe() is None
     with fp8_autocast():
