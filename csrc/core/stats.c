@@ -84,11 +84,12 @@ fp8mix_status fp8mix_quant_stats(const void *x, fp8mix_dtype xt, int64_t rows, i
         xt != FP8MIX_F16) || gran < FP8MIX_GRAN_TENSOR || gran > FP8MIX_GRAN_BLOCK2D)
         return FP8MIX_ERR_BAD_ENUM;
     if (bad_2d(rows, cols, ld_x) || bad_2d(rows, cols, ld_q)) return FP8MIX_ERR_BAD_SHAPE;
+    int empty = rows == 0 || cols == 0;
+    if (!empty && (!x || !q || !scale_inv)) return FP8MIX_ERR_NULL_POINTER;
+    if (!empty && fp8mix_scales_bad(scale_inv, fp8mix_scale_count(gran, rows, cols))) return FP8MIX_ERR_BAD_SCALE;
     for (int k = 0; k < FP8MIX_STATS_N; k++) out[k] = 0;
     out[FP8MIX_STATS_MIN_NONZERO] = INFINITY;
-    if (rows == 0 || cols == 0) return FP8MIX_OK;
-    if (!x || !q || !scale_inv) return FP8MIX_ERR_NULL_POINTER;
-    if (fp8mix_scales_bad(scale_inv, fp8mix_scale_count(gran, rows, cols))) return FP8MIX_ERR_BAD_SCALE;
+    if (empty) return FP8MIX_OK;
     int64_t ntasks = ceil_div(rows, STATS_ROWS);
     if ((uint64_t)ntasks > SIZE_MAX / (FP8MIX_STATS_N * sizeof(double))) return FP8MIX_ERR_NO_MEMORY;
     double *part = (double *)malloc((size_t)ntasks * FP8MIX_STATS_N * sizeof(double));

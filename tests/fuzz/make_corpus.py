@@ -48,6 +48,13 @@ SEEDS = {
         ("bias", bytes([0x02]), 200),
         ("hostile", bytes([0x0F]), 64),
     ],
+    "stats": [
+        ("small", bytes([0x00, 0x00]), 128),
+        ("rows_block", bytes([0x24, 0x02]), 384),
+        ("bf16_wide", bytes([0x20, 0x81, 0x01]), 256),
+        ("empty", bytes([0x03]), 32),
+        ("bad_scale", bytes([0x04, 0x00, 0x00, 0x00, 0x00, 0x00, 0x07]), 64),
+    ],
     "philox": [
         ("zero", bytes(8), 24),
         ("wrap", bytes([0x01]), 40),
