@@ -8,8 +8,10 @@
  * partial sums and the partials are added in task order, so the doubles are
  * the same for every thread count.
  */
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "fp8mix.h"
 #include "internal.h"
@@ -31,47 +33,82 @@ typedef struct stats_job {
     double *part; /* ntasks x FP8MIX_STATS_N */
 } stats_job;
 
+/* Running sums of one task: integer counts, two float64 energies. */
+typedef struct stats_acc {
+    int64_t nz, und, sat, nonfin, ovf, sub;
+    double sig, err, mn;
+} stats_acc;
+
+/* One segment of a row that shares a single scale: v (already float32), q. */
+static void stats_seg(stats_acc *a, const float *v, const uint8_t *q, int64_t n, const stats_job *J, double si)
+{
+    const float *tab = J->table;
+    const float fmax = (float)J->fmt_max, minn = (float)J->min_normal;
+    const double bound = J->ovf_bound * si;
+    int64_t nz = 0, und = 0, sat = 0, sub = 0, ovf = 0;
+    double sig = 0, err = 0, mn = a->mn;
+    for (int64_t j = 0; j < n; j++) {
+        float x = v[j], ax = fabsf(x);
+        float d = tab[q[j]], ad = fabsf(d);
+        nz += x != 0;
+        if (!(ax <= FLT_MAX)) { a->nonfin++; continue; } /* NaN or inf */
+        und += (x != 0) & (d == 0);
+        sat += ad == fmax;
+        sub += (ad != 0) & (ad < minn);
+        ovf += (double)ax > bound;
+        if (x != 0 && ax < mn) mn = ax;
+        sig += (double)x * (double)x;
+        if (ad <= FLT_MAX) {
+            double e = (double)x - (double)d * si;
+            err += e * e;
+        }
+    }
+    a->nz += nz; a->und += und; a->sat += sat; a->sub += sub; a->ovf += ovf;
+    a->sig += sig; a->err += err; a->mn = mn;
+}
+
+/* Row segment of any element type to float32 (exact widening). */
+static void load_seg(float *dst, const uint8_t *row, fp8mix_dtype t, int64_t j0, int64_t n)
+{
+    switch (t) {
+    case FP8MIX_F32: memcpy(dst, (const float *)row + j0, (size_t)n * sizeof(float)); break;
+    case FP8MIX_BF16:
+        for (int64_t j = 0; j < n; j++) dst[j] = bf16_to_f32(((const uint16_t *)row)[j0 + j]);
+        break;
+    default:
+        for (int64_t j = 0; j < n; j++) dst[j] = fp8mix_f16_to_f32_ref(((const uint16_t *)row)[j0 + j]);
+        break;
+    }
+}
+
 static void stats_task(void *ctx, int64_t task, int worker)
 {
     (void)worker;
     stats_job *J = (stats_job *)ctx;
-    double *s = J->part + task * FP8MIX_STATS_N;
-    double nz = 0, und = 0, sat = 0, nonfin = 0, ovf = 0, sub = 0, sig = 0, err = 0;
-    double mn = INFINITY;
+    float buf[FP8MIX_BLOCK];
+    stats_acc a = {0, 0, 0, 0, 0, 0, 0.0, 0.0, INFINITY};
     int64_t r0 = task * STATS_ROWS, r1 = r0 + STATS_ROWS < J->rows ? r0 + STATS_ROWS : J->rows;
     for (int64_t i = r0; i < r1; i++) {
         const uint8_t *xr = J->x + (size_t)(i * J->ld_x) * J->esz;
         const uint8_t *qr = J->q + i * J->ld_q;
-        for (int64_t j = 0; j < J->cols; j++) {
-            double x = (double)load_f32(xr, J->xt, j);
-            double d = (double)J->table[qr[j]];
-            double ad = fabs(d);
-            if (x != 0) nz += 1;
-            if (isnan(x) || isinf(x)) { nonfin += 1; continue; }
-            double si = (double)J->scale_inv[scale_index(J->gran, i, j, J->cols)];
-            double ax = fabs(x);
-            if (ax != 0 && ax < mn) mn = ax;
-            if (x != 0 && d == 0) und += 1;
-            if (ad == J->fmt_max) sat += 1;
-            if (ax > J->ovf_bound * si) ovf += 1;
-            if (ad != 0 && ad < J->min_normal) sub += 1;
-            sig += x * x;
-            if (!isnan(d) && !isinf(d)) {
-                double e = x - d * si;
-                err += e * e;
-            }
+        /* chunks of FP8MIX_BLOCK columns never straddle a block scale */
+        for (int64_t j = 0; j < J->cols; j += FP8MIX_BLOCK) {
+            int64_t n = J->cols - j < FP8MIX_BLOCK ? J->cols - j : FP8MIX_BLOCK;
+            load_seg(buf, xr, J->xt, j, n);
+            stats_seg(&a, buf, qr + j, n, J, (double)J->scale_inv[scale_index(J->gran, i, j, J->cols)]);
         }
     }
+    double *s = J->part + task * FP8MIX_STATS_N;
     s[FP8MIX_STATS_NUMEL] = (double)((r1 - r0) * J->cols);
-    s[FP8MIX_STATS_NONZERO] = nz;
-    s[FP8MIX_STATS_UNDERFLOW] = und;
-    s[FP8MIX_STATS_SATURATED] = sat;
-    s[FP8MIX_STATS_NONFINITE] = nonfin;
-    s[FP8MIX_STATS_OVERFLOW] = ovf;
-    s[FP8MIX_STATS_SUBNORMAL] = sub;
-    s[FP8MIX_STATS_SIGNAL] = sig;
-    s[FP8MIX_STATS_NOISE] = err;
-    s[FP8MIX_STATS_MIN_NONZERO] = mn;
+    s[FP8MIX_STATS_NONZERO] = (double)a.nz;
+    s[FP8MIX_STATS_UNDERFLOW] = (double)a.und;
+    s[FP8MIX_STATS_SATURATED] = (double)a.sat;
+    s[FP8MIX_STATS_NONFINITE] = (double)a.nonfin;
+    s[FP8MIX_STATS_OVERFLOW] = (double)a.ovf;
+    s[FP8MIX_STATS_SUBNORMAL] = (double)a.sub;
+    s[FP8MIX_STATS_SIGNAL] = a.sig;
+    s[FP8MIX_STATS_NOISE] = a.err;
+    s[FP8MIX_STATS_MIN_NONZERO] = a.mn;
 }
 
 fp8mix_status fp8mix_quant_stats(const void *x, fp8mix_dtype xt, int64_t rows, int64_t cols,
