@@ -7,7 +7,9 @@ from . import recipe
 from .autocast import autocast, fp8_autocast, is_fp8_enabled
 from .convert import convert_model
 from .gemm import scaled_mm
+from .grad_scaler import FP8GradScaler
 from .linear import Linear
+from .monitor import Monitor
 from .formats import Format, fp8_dtype, fp8_max
 from .ops import cpu_isa, set_max_isa
 from .quantize import amax, cast_transpose, dequantize, quantize
@@ -16,6 +18,6 @@ from .tensor import Float8Tensor
 __version__ = "0.1.0"
 
 __all__ = [
-    "Format", "Float8Tensor", "Linear", "convert_model", "fp8_autocast", "autocast", "is_fp8_enabled", "recipe", "quantize", "dequantize", "amax", "cast_transpose",
+    "Format", "Float8Tensor", "FP8GradScaler", "Linear", "Monitor", "convert_model", "fp8_autocast", "autocast", "is_fp8_enabled", "recipe", "quantize", "dequantize", "amax", "cast_transpose",
     "scaled_mm", "fp8_dtype", "fp8_max", "cpu_isa", "set_max_isa",
 ]

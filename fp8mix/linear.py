@@ -142,19 +142,19 @@ def _current(x2, fmt, recipe, granularity, group, transpose=False, sr=_NO_SR):
 
 
 def _cast_grad(dy2: torch.Tensor, plan: _Plan, g_scale: torch.Tensor):
-    """grad_output casts for dgrad (dy) and wgrad (dy^T):
-    (gq, g_sinv, gtq, gt_sinv, amax, granularity of gq)."""
+    """grad_output casts for dgrad (dy) and wgrad (dy^T): (gq, g_sinv, gtq, gt_sinv,
+    amax to record (delayed scaling) or None, amax of dy (per tile for blocks), granularity of gq)."""
     recipe, fmt, sr = plan.recipe, plan.fmts[_GRAD], plan.sr[_GRAD]
     if isinstance(recipe, BlockScaling):  # 1x128 tiles along N for dgrad, along M for wgrad
-        gq, _, g_sinv, _ = _current(dy2, fmt, recipe, _BLOCK, plan.group, sr=sr)
+        gq, _, g_sinv, am = _current(dy2, fmt, recipe, _BLOCK, plan.group, sr=sr)
         gtq, _, gt_sinv, _ = _current(dy2.t(), fmt, recipe, _BLOCK, plan.group, sr=plan.sr[3])
-        return gq, g_sinv, gtq, gt_sinv, None, _BLOCK
+        return gq, g_sinv, gtq, gt_sinv, None, am, _BLOCK
     if isinstance(recipe, CurrentScaling) or plan.grad_fresh:
         gq, gtq, g_sinv, am = _current(dy2, fmt, recipe, _TENSOR, plan.group, transpose=True, sr=sr)
-        return gq, g_sinv, gtq, g_sinv, am if plan.grad_fresh else None, _TENSOR
+        return gq, g_sinv, gtq, g_sinv, am if plan.grad_fresh else None, am, _TENSOR
     gq, gtq, am = ops.cast(dy2, g_scale, fp8_dtype(fmt), _TENSOR, True, *sr, True, True)
     g_sinv = torch.reciprocal(g_scale)
-    return gq, g_sinv, gtq, g_sinv, am, _TENSOR
+    return gq, g_sinv, gtq, g_sinv, am, am, _TENSOR
 
 
 def _observe_grad(dy2, gq, g_sinv, gran: int, plan: _Plan) -> None:
@@ -200,14 +200,20 @@ class _FP8LinearFn(torch.autograd.Function):
         dy2 = dy
         if dy2.dtype not in (torch.float32, torch.bfloat16, torch.float16):
             dy2 = dy2.float()
-        gq, g_sinv, gtq, gt_sinv, am, gran = _cast_grad(dy2, plan, g_scale)
+        gq, g_sinv, gtq, gt_sinv, am, am_dy, gran = _cast_grad(dy2, plan, g_scale)
         if not _compiling():
             _observe_grad(dy2, gq, g_sinv, gran, plan)
+        # The saturating cast turns an inf in dy into the format's max, which would hand
+        # the optimizer finite, wrong gradients that no inf check (GradScaler) can see:
+        # make dx and dW NaN instead, as a high-precision layer's would be.
+        dy_ok = torch.isfinite(am_dy).all()
         dx = dw = db = d_slot = None
         if ctx.needs_input_grad[0]:
             dx = ops.scaled_mm(gq, wq, g_sinv, w_sinv, None, ctx.x_dtype, "fp32", 128)
+            dx = torch.where(dy_ok, dx, float("nan"))
         if ctx.needs_input_grad[1]:
             dw = ops.scaled_mm(gtq, x_save, gt_sinv, x_sinv, None, ctx.w_dtype, "fp32", 128)
+            dw = torch.where(dy_ok, dw, float("nan"))
         if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
             db = dy2.sum(0, dtype=torch.float32).to(ctx.bias_dtype)
         if am is not None and ctx.needs_input_grad[10]:
@@ -348,8 +354,11 @@ class Linear(nn.Linear):
         fmt, reason = choice
         self._auto_reasons[_ROLE_NAMES[role]] = reason
         if auto_format.vote(self._auto_state[role], use, fmt, recipe.auto):
-            log.info("fp8mix.Linear %s: %s now %s (%s)", getattr(self, "_fp8_name", ""), _ROLE_NAMES[role],
-                     fmt.name, reason)
+            name = getattr(self, "_fp8_name", None) or f"Linear@{id(self):x}"
+            log.info("fp8mix.Linear %s: %s now %s (%s)", name, _ROLE_NAMES[role], fmt.name, reason)
+            frame = current_frame()
+            if frame is not None and frame.monitor is not None:
+                frame.monitor.note(name, _ROLE_NAMES[role], "format", f"{fmt.name} ({reason})")
             if recipe.delayed() and not self._fp8_fresh[role]:
                 with torch.no_grad():  # the history is in units of x: rescale it for the new format's max
                     self._rescale_from_history(role, recipe)
