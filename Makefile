@@ -37,7 +37,7 @@ ISA_avx512     = -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq
 ISA_avx512bf16 = $(ISA_avx512) -mavx512bf16
 isa_flags = $(if $(findstring _avx512bf16,$1),$(ISA_avx512bf16),$(if $(findstring _avx512,$1),$(ISA_avx512),$(if $(findstring _avx2,$1),$(ISA_avx2))))
 
-HDRS := csrc/include/fp8mix.h csrc/core/internal.h csrc/core/gemm_internal.h
+HDRS := csrc/include/fp8mix.h csrc/core/internal.h csrc/core/fp8_rules.h csrc/core/gemm_internal.h
 
 .PHONY: core test-c demo test cuda-check clean venv
 core: $(CORE_LIB)

@@ -18,27 +18,6 @@ float fp8mix_format_max(fp8mix_format fmt)
     return 0.0f;
 }
 
-fp8mix_status fp8_params_init(fp8_params *p, const fp8mix_cast_opts *o)
-{
-    if (o->rounding != FP8MIX_ROUND_NEAREST && o->rounding != FP8MIX_ROUND_STOCHASTIC)
-        return FP8MIX_ERR_BAD_ENUM;
-    p->stochastic = o->rounding == FP8MIX_ROUND_STOCHASTIC;
-    switch (o->fmt) {
-    case FP8MIX_E4M3:
-        p->mbits = 3; p->bias = 7; p->max_code = 0x7E; p->nan_code = 0x7F;
-        p->ovf_code = o->saturate ? 0x7E : 0x7F;
-        break;
-    case FP8MIX_E5M2:
-        p->mbits = 2; p->bias = 15; p->max_code = 0x7B; p->nan_code = 0x7E;
-        p->ovf_code = o->saturate ? 0x7B : 0x7C;
-        break;
-    default:
-        return FP8MIX_ERR_BAD_ENUM;
-    }
-    p->emin = 1 - p->bias;
-    return FP8MIX_OK;
-}
-
 uint8_t fp8mix_encode_ref(float y, fp8mix_format fmt, int saturate,
                           fp8mix_rounding rounding, uint32_t r)
 {
@@ -132,20 +111,7 @@ uint16_t fp8mix_f32_to_f16_ref(float f)
 
 void fp8mix_philox4x32_10(const uint32_t counter[4], const uint32_t key[2], uint32_t out[4])
 {
-    uint32_t c0 = counter[0], c1 = counter[1], c2 = counter[2], c3 = counter[3];
-    uint32_t k0 = key[0], k1 = key[1];
-    for (int round = 0; round < 10; round++) {
-        uint64_t p0 = (uint64_t)0xD2511F53u * c0;
-        uint64_t p1 = (uint64_t)0xCD9E8D57u * c2;
-        uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0;
-        uint32_t n1 = (uint32_t)p1;
-        uint32_t n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
-        uint32_t n3 = (uint32_t)p0;
-        c0 = n0; c1 = n1; c2 = n2; c3 = n3;
-        k0 += 0x9E3779B9u;
-        k1 += 0xBB67AE85u;
-    }
-    out[0] = c0; out[1] = c1; out[2] = c2; out[3] = c3;
+    fp8r_philox(counter, key, out);
 }
 
 uint32_t fp8mix_random_word(uint64_t seed, uint64_t offset, uint64_t n)

@@ -9,13 +9,9 @@
 #include <string.h>
 
 #include "fp8mix.h"
-
-/* ---- bit helpers (shift semantics of vpsllvd / vpsrlvd: counts >= 32 give 0) */
-
-static inline uint32_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-static inline float bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-static inline uint32_t shl32(uint32_t x, uint32_t c) { return c >= 32 ? 0u : x << c; }
-static inline uint32_t shr32(uint32_t x, uint32_t c) { return c >= 32 ? 0u : x >> c; }
+/* Bit helpers, fp8_params, fp8_encode, Philox and the scale rule: shared with
+ * the CUDA kernels. */
+#include "fp8_rules.h"
 
 /* bf16 / f16 bit patterns to float32 (exact). */
 static inline float bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
@@ -38,66 +34,6 @@ static inline size_t dtype_size(fp8mix_dtype t) { return t == FP8MIX_F32 ? 4 : 2
 
 /* Decode table: fp8mix_decode_table(fmt)[byte] is the exact float32 value. */
 const float *fp8mix_decode_table(fp8mix_format fmt);
-
-/* ---- format parameters used by the encoders ----------------------------- */
-
-typedef struct fp8_params {
-    int32_t mbits;       /* 3 or 2 */
-    int32_t bias;        /* 7 or 15 */
-    int32_t emin;        /* 1 - bias: exponent of the smallest normal */
-    uint32_t max_code;   /* 0x7E or 0x7B */
-    uint32_t ovf_code;   /* code for an overflow (sign added later) */
-    uint32_t nan_code;   /* 0x7F or 0x7E */
-    int stochastic;
-} fp8_params;
-
-/* Fill p from opts; returns FP8MIX_ERR_BAD_ENUM for unknown values. */
-fp8mix_status fp8_params_init(fp8_params *p, const fp8mix_cast_opts *o);
-
-/*
- * The FP8 encoder, on the magnitude bits a = |y| of a float32:
- *   E = a >> 23, M = significand with the implicit bit (E = 0: none, and the
- *   exponent counts as 1).  With e = max(E,1) - 127 the unbiased exponent,
- *   the target spacing is reached by shifting M right by
- *       shift = 23 - mbits + max(emin - e, 0)
- *   The kept integer q is the FP8 significand (implicit bit included for
- *   normals), so code = ((max(e, emin) + bias - 1) << mbits) + q holds for
- *   normals and subnormals alike, and a carry out of q moves to the next
- *   binade by itself.  Codes above max_code are overflows (inf lands there
- *   too: its e is 128).  Every SIMD and CUDA variant runs exactly these
- *   integer steps; `r` is the stochastic-rounding word.
- */
-static inline uint8_t fp8_encode(const fp8_params *p, float y, uint32_t r)
-{
-    uint32_t bits = f32_bits(y);
-    uint32_t sign = (bits >> 24) & 0x80u;
-    uint32_t a = bits & 0x7FFFFFFFu;
-    if (a > 0x7F800000u) return (uint8_t)(p->nan_code | sign);
-    int32_t E = (int32_t)(a >> 23);
-    uint32_t M = (a & 0x7FFFFFu) | (E ? 0x800000u : 0u);
-    int32_t e = (E ? E : 1) - 127;
-    int32_t sub = p->emin - e > 0 ? p->emin - e : 0;
-    uint32_t shift = (uint32_t)(23 - p->mbits + sub);
-    uint32_t q;
-    if (!p->stochastic) {
-        if (shift > 25) shift = 25; /* M < 2^24 <= half: rounds to 0 either way */
-        q = M >> shift;
-        uint32_t rem = M & ((1u << shift) - 1u);
-        uint32_t half = 1u << (shift - 1);
-        q += (rem > half) | ((rem == half) & (q & 1u));
-    } else {
-        /* Counts >= 32 give 0, so the two terms cover d <= 32 and d >= 32
-         * without a branch (both equal M at d = 32). */
-        q = shr32(M, shift);
-        uint32_t rem = M & (shl32(1u, shift) - 1u);
-        uint32_t t = shl32(rem, 32u - shift) | shr32(M, shift - 32u);
-        q += r < t;
-    }
-    int32_t ee = e > p->emin ? e : p->emin;
-    uint32_t code = ((uint32_t)(ee + p->bias - 1) << p->mbits) + q;
-    if (code > p->max_code) code = p->ovf_code;
-    return (uint8_t)(code | sign);
-}
 
 /* ---- cast kernels: one row segment under one scale ----------------------
  * Encodes n contiguous elements x[0..n) (type xt) times `scale` into q[0..n),

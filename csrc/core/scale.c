@@ -27,14 +27,6 @@ int fp8mix_scales_bad(const float *s, int64_t n)
     return 0;
 }
 
-/* 2^floor(log2(s)) for finite s > 0, from the exponent bits. */
-static float pow2_floor(float s)
-{
-    uint32_t u = f32_bits(s);
-    if ((u & 0x7F800000u) == 0) return FLT_MIN; /* subnormal: keep a normal */
-    return bits_f32(u & 0x7F800000u);
-}
-
 fp8mix_status fp8mix_compute_scale(const float *amax, int64_t n, fp8mix_format fmt,
                                    int margin, int pow2, float amax_epsilon,
                                    float *scale, float *scale_inv)
@@ -45,20 +37,8 @@ fp8mix_status fp8mix_compute_scale(const float *amax, int64_t n, fp8mix_format f
     if (fmax == 0.0f) return FP8MIX_ERR_BAD_ENUM;
     if (margin < 0 || margin > 126 || !(amax_epsilon >= 0.0f) || isinf(amax_epsilon))
         return FP8MIX_ERR_BAD_ARG;
-    float step = ldexpf(1.0f, -margin);
     for (int64_t i = 0; i < n; i++) {
-        float a = amax[i];
-        if (a < amax_epsilon) a = amax_epsilon; /* NaN compares false: stays NaN */
-        float s;
-        if (!(a > 0.0f) || isinf(a)) {
-            s = 1.0f;
-        } else {
-            s = fmax / a;
-            s = s * step;                /* exact unless it underflows */
-            if (isinf(s)) s = pow2 ? 0x1p127f : FLT_MAX;
-            else if (s < FLT_MIN) s = FLT_MIN;
-            if (pow2) s = pow2_floor(s);
-        }
+        float s = fp8r_scale_from_amax(amax[i], fmax, margin, pow2, amax_epsilon);
         if (scale) scale[i] = s;
         if (scale_inv) scale_inv[i] = 1.0f / s;
     }

@@ -1,10 +1,11 @@
 /*
- * encode.cuh — the device side of the FP8 number rules, shared by every .cu file:
- * the encoder (a port of fp8_encode in csrc/core/internal.h, integer step for
- * integer step), the decoder, float16/bfloat16 conversions, Philox4x32-10 and
- * the random-word layout, amax bit helpers, compute_scale for one value, and the
- * status / error plumbing of the launchers.  Everything here must give the same
- * bits as the C core (csrc/core/format.c, scale.c); the CPU code is the oracle.
+ * encode.cuh — the device side of the FP8 number rules, shared by every .cu file.
+ * The encoder, the format parameters, Philox4x32-10 and the scale rule are the
+ * C core's own code (csrc/core/fp8_rules.h, compiled here as host+device), so
+ * they cannot drift from the CPU oracle; this file adds what only the device
+ * needs: the hardware-convert path, the decoder, float16/bfloat16 conversions,
+ * vectorised random words, amax bit helpers, and the status / error plumbing of
+ * the launchers.
  *
  * Not here: kernels and launchers (cast.cu, scale.cu, gemm_cublaslt.cu).
  * No fast-math: every multiply that the rules define is __fmul_rn (never fused
@@ -19,6 +20,7 @@
 
 #include "fp8mix.h"
 #include "fp8mix_cuda.h"
+#include "../core/fp8_rules.h"
 
 #if defined(__USE_FAST_MATH__)
 #error "fp8mix CUDA sources must not be compiled with -use_fast_math (it breaks NaN and rounding rules)"
@@ -26,75 +28,16 @@
 
 namespace fp8mix_cuda {
 
-/* ---- format parameters (the fields of the C core's fp8_params) ------------- */
-struct Fp8Params {
-    int32_t mbits, bias, emin;
-    uint32_t max_code, ovf_code, nan_code;
-    int stochastic, saturate;
-    fp8mix_format fmt;
-};
+/* ---- format parameters: the C core's fp8_params and fp8_params_init -------- */
+typedef ::fp8_params Fp8Params;
 
-/* Host: fill p from opts; BAD_ENUM for unknown values (as fp8_params_init). */
-inline fp8mix_status params_init(Fp8Params *p, const fp8mix_cast_opts *o)
-{
-    if (o->rounding != FP8MIX_ROUND_NEAREST && o->rounding != FP8MIX_ROUND_STOCHASTIC) return FP8MIX_ERR_BAD_ENUM;
-    p->stochastic = o->rounding == FP8MIX_ROUND_STOCHASTIC;
-    p->saturate = o->saturate ? 1 : 0;
-    p->fmt = o->fmt;
-    switch (o->fmt) {
-    case FP8MIX_E4M3:
-        p->mbits = 3; p->bias = 7; p->max_code = 0x7E; p->nan_code = 0x7F;
-        p->ovf_code = o->saturate ? 0x7E : 0x7F;
-        break;
-    case FP8MIX_E5M2:
-        p->mbits = 2; p->bias = 15; p->max_code = 0x7B; p->nan_code = 0x7E;
-        p->ovf_code = o->saturate ? 0x7B : 0x7C;
-        break;
-    default:
-        return FP8MIX_ERR_BAD_ENUM;
-    }
-    p->emin = 1 - p->bias;
-    return FP8MIX_OK;
-}
+inline fp8mix_status params_init(Fp8Params *p, const fp8mix_cast_opts *o) { return ::fp8_params_init(p, o); }
 
 __host__ __device__ inline float format_max(fp8mix_format f) { return f == FP8MIX_E4M3 ? 448.0f : 57344.0f; }
 
-/* ---- bit helpers (shift semantics of the C core: counts >= 32 give 0) ------ */
-__device__ __forceinline__ uint32_t f32_bits(float f) { return __float_as_uint(f); }
-__device__ __forceinline__ float bits_f32(uint32_t u) { return __uint_as_float(u); }
-__device__ __forceinline__ uint32_t shl32(uint32_t x, uint32_t c) { return c >= 32 ? 0u : x << c; }
-__device__ __forceinline__ uint32_t shr32(uint32_t x, uint32_t c) { return c >= 32 ? 0u : x >> c; }
 
-/* ---- the encoder: fp8_encode of internal.h, the same integer steps --------- */
-__device__ __forceinline__ uint8_t fp8_encode(const Fp8Params &p, float y, uint32_t r)
-{
-    uint32_t bits = f32_bits(y);
-    uint32_t sign = (bits >> 24) & 0x80u;
-    uint32_t a = bits & 0x7FFFFFFFu;
-    if (a > 0x7F800000u) return (uint8_t)(p.nan_code | sign);
-    int32_t E = (int32_t)(a >> 23);
-    uint32_t M = (a & 0x7FFFFFu) | (E ? 0x800000u : 0u);
-    int32_t e = (E ? E : 1) - 127;
-    int32_t sub = p.emin - e > 0 ? p.emin - e : 0;
-    uint32_t shift = (uint32_t)(23 - p.mbits + sub);
-    uint32_t q;
-    if (!p.stochastic) {
-        if (shift > 25) shift = 25; /* M < 2^24 <= half: rounds to 0 either way */
-        q = M >> shift;
-        uint32_t rem = M & ((1u << shift) - 1u);
-        uint32_t half = 1u << (shift - 1);
-        q += (rem > half) | ((rem == half) & (q & 1u));
-    } else {
-        q = shr32(M, shift);
-        uint32_t rem = M & (shl32(1u, shift) - 1u);
-        uint32_t t = shl32(rem, 32u - shift) | shr32(M, shift - 32u);
-        q += r < t;
-    }
-    int32_t ee = e > p.emin ? e : p.emin;
-    uint32_t code = ((uint32_t)(ee + p.bias - 1) << p.mbits) + q;
-    if (code > p.max_code) code = p.ovf_code;
-    return (uint8_t)(code | sign);
-}
+/* ---- the encoder: the C core's fp8_encode itself ---------------------------- */
+__device__ __forceinline__ uint8_t fp8_encode(const Fp8Params &p, float y, uint32_t r) { return ::fp8_encode(&p, y, r); }
 
 /* Saturating round-to-nearest of two values with the sm_89+ cvt instruction
  * (cvt.rn.satfinite.{e4m3,e5m2}x2.f32), then NaN fixed up to the sign-preserving
@@ -189,19 +132,9 @@ __device__ __forceinline__ float load_hp(const void *row, fp8mix_dtype t, int64_
 /* ---- Philox4x32-10 and the random-word layout of fp8mix.h ------------------ */
 __device__ __forceinline__ uint4 philox4x32_10(uint64_t blk, uint64_t seed)
 {
-    uint32_t c0 = (uint32_t)blk, c1 = (uint32_t)(blk >> 32), c2 = 0, c3 = 0;
-    uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
-#pragma unroll
-    for (int round = 0; round < 10; round++) {
-        uint32_t hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
-        uint32_t hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
-        uint32_t n0 = hi1 ^ c1 ^ k0;
-        uint32_t n2 = hi0 ^ c3 ^ k1;
-        c0 = n0; c1 = lo1; c2 = n2; c3 = lo0;
-        k0 += 0x9E3779B9u;
-        k1 += 0xBB67AE85u;
-    }
-    return make_uint4(c0, c1, c2, c3);
+    uint32_t o[4];
+    fp8r_philox_block(blk, seed, o);
+    return make_uint4(o[0], o[1], o[2], o[3]);
 }
 
 /* fp8mix_random_word(seed, offset, n) with c = offset + n already formed. */
@@ -242,22 +175,10 @@ __device__ __forceinline__ bool scale_ok(float s)
 }
 
 /* fp8mix_compute_scale for one value (margin in [0,126], eps >= 0 finite, both
- * checked by the host). */
+ * checked by the host): the C core's rule. */
 __device__ __forceinline__ float compute_scale_one(float a, float fmax, int margin, int pow2, float eps)
 {
-    if (a < eps) a = eps; /* NaN compares false: stays NaN */
-    uint32_t ab = f32_bits(a);
-    if (!(a > 0.0f) || (ab & 0x7FFFFFFFu) == 0x7F800000u) return 1.0f;
-    float step = bits_f32((uint32_t)(127 - margin) << 23); /* 2^-margin, a normal */
-    float s = __fdiv_rn(fmax, a);
-    s = __fmul_rn(s, step);
-    if ((f32_bits(s) & 0x7FFFFFFFu) == 0x7F800000u) s = pow2 ? 0x1p127f : 3.40282346638528859812e+38f;
-    else if (s < 1.17549435082228750797e-38f) s = 1.17549435082228750797e-38f;
-    if (pow2) {
-        uint32_t u = f32_bits(s);
-        s = (u & 0x7F800000u) == 0 ? 1.17549435082228750797e-38f : bits_f32(u & 0x7F800000u);
-    }
-    return s;
+    return fp8r_scale_from_amax(a, fmax, margin, pow2, eps);
 }
 
 __device__ __forceinline__ float amax_from_bits(uint32_t b) { return bits_f32(canon_amax_bits(b)); }
