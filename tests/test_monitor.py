@@ -14,32 +14,16 @@ import torch
 import torch.nn as nn
 
 import fp8mix
+from fp8_reference import FMAX, MIN_NORMAL, OVF, expand_scale_inv
 from fp8mix.monitor import FIELDS, Monitor, NumericsWarning, read_csv, read_json
 from fp8mix.recipe import BlockScaling, CurrentScaling, DelayedScaling, role_format
-
-FMAX = {"E4M3": 448.0, "E5M2": 57344.0}
-OVF = {"E4M3": 464.0, "E5M2": 59392.0}  # max + half a step: what a saturating cast clips
-MIN_NORMAL = {"E4M3": 2.0 ** -6, "E5M2": 2.0 ** -14}
-
-
-def _expand(sinv, rows, cols, gran):
-    """Per-element dequantisation factor (float64), by the tile layouts of Float8Tensor."""
-    s = sinv.double()
-    if gran == "tensor":
-        return s.reshape(()).expand(rows, cols)
-    if gran == "row":
-        return s.reshape(rows, 1).expand(rows, cols)
-    if gran == "block":
-        return s.reshape(rows, -1).repeat_interleave(128, 1)[:, :cols]
-    return s.repeat_interleave(128, 0).repeat_interleave(128, 1)[:rows, :cols]
-
 
 def _reference(x, t, fmt, hist_bins=80, hist_range=(-40.0, 20.0)):
     """The monitor's row, computed with float64 torch ops (no fp8mix numerics)."""
     x2 = x.double()
     rows, cols = x2.shape
     d = t.data.double()
-    si = _expand(t.scale_inv, rows, cols, t.granularity)
+    si = expand_scale_inv(t.scale_inv, rows, cols, t.granularity)
     fin = torch.isfinite(x2)
     nz = x2 != 0
     xf = torch.where(fin, x2, 0.0)

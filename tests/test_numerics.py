@@ -6,30 +6,12 @@ import torch
 
 import fp8mix
 from fp8mix.numerics import quant_stats
-
-FMAX = {"E4M3": 448.0, "E5M2": 57344.0}
-OVF = {"E4M3": 464.0, "E5M2": 59392.0}
-MIN_NORMAL = {"E4M3": 2.0 ** -6, "E5M2": 2.0 ** -14}
-
-
-def _expand(sinv, x, gran):
-    """Per-element dequantisation factor, in float64."""
-    s = sinv.double()
-    rows = x.numel() // x.shape[-1]
-    cols = x.shape[-1]
-    if gran == "tensor":
-        return s.reshape(()).expand(rows, cols)
-    if gran == "row":
-        return s.reshape(rows, 1).expand(rows, cols)
-    if gran == "block":
-        return s.reshape(rows, -1).repeat_interleave(128, 1)[:, :cols]
-    return s.repeat_interleave(128, 0).repeat_interleave(128, 1)[:rows, :cols]
-
+from fp8_reference import FMAX, MIN_NORMAL, OVF, expand_scale_inv
 
 def _reference(x, t, fmt):
     x2 = x.reshape(-1, x.shape[-1]).double()
     d = t.data.reshape(x2.shape).double()
-    si = _expand(t.scale_inv, x, t.granularity)
+    si = expand_scale_inv(t.scale_inv, x2.shape[0], x2.shape[1], t.granularity)
     fin = torch.isfinite(x2)
     dfin = torch.isfinite(d)
     nz = x2 != 0
