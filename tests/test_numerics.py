@@ -8,6 +8,7 @@ import fp8mix
 from fp8mix.numerics import quant_stats
 from fp8_reference import FMAX, MIN_NORMAL, OVF, expand_scale_inv
 
+
 def _reference(x, t, fmt):
     x2 = x.reshape(-1, x.shape[-1]).double()
     d = t.data.reshape(x2.shape).double()
