@@ -3,6 +3,7 @@
 Bit-exact E4M3/E5M2 casting with scaling and amax tracking, in C kernels that
 run on any CPU (SIMD chosen at run time) and, where built, on NVIDIA GPUs.
 """
+from . import optim
 from . import recipe
 from .autocast import autocast, fp8_autocast, is_fp8_enabled
 from .convert import convert_model
@@ -18,6 +19,6 @@ from .tensor import Float8Tensor
 __version__ = "0.1.0"
 
 __all__ = [
-    "Format", "Float8Tensor", "FP8GradScaler", "Linear", "Monitor", "convert_model", "fp8_autocast", "autocast", "is_fp8_enabled", "recipe", "quantize", "dequantize", "amax", "cast_transpose",
+    "Format", "Float8Tensor", "FP8GradScaler", "Linear", "Monitor", "convert_model", "fp8_autocast", "autocast", "is_fp8_enabled", "optim", "recipe", "quantize", "dequantize", "amax", "cast_transpose",
     "scaled_mm", "fp8_dtype", "fp8_max", "cpu_isa", "set_max_isa",
 ]
