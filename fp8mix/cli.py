@@ -53,6 +53,16 @@ def _add_demo(sub) -> None:
                    help="validate (and sample FP8 casts) every N steps (default 50)")
     p.add_argument("--eval-batches", type=int, default=8, help="validation batches (default 8)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--checkpoint-dir", default=None,
+                   help="write each run's checkpoints here (atomically; the last 2 per run are kept)")
+    p.add_argument("--checkpoint-every", type=int, default=None,
+                   help="checkpoint every N steps, and after the last (default: --eval-every)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue each run from its newest checkpoint in --checkpoint-dir (runs whose final "
+                        "checkpoint exists are not retrained; a different configuration is refused)")
+    p.add_argument("--loss-log", default=None,
+                   help="write every training step's loss here: '<run> <step> <repr> <float.hex>' per line, "
+                        "flushed each step (rewritten from the checkpoints on --resume)")
     p.set_defaults(func=_run_demo)
 
 

@@ -16,6 +16,22 @@ batches (start offsets drawn up front from a seeded generator).
 Outputs (in ``--out``): ``loss_curves.png``, ``loss_curves.csv`` (run, step, split,
 loss) and ``results.json`` (config, and one entry per run with its summary and curves).
 The exit code is 1 when any run diverged (non-finite loss), else 0.
+
+Checkpoints and resume (``--checkpoint-dir DIR``, ``--checkpoint-every N``, ``--resume``):
+every N steps, and after a run's last step, each run writes ``DIR/<run>.stepNNNNNNNN.pt``
+(NNNNNNNN = steps done) atomically: a hidden temp file in DIR, flushed and fsynced, then
+os.replace onto the final name and an fsync of DIR; the last two are kept. A checkpoint
+holds the model's state_dict (with the FP8 buffers of fp8mix.Linear layers), the
+optimizer's, the gradient scaler's (None when the run has none), the steps done, torch's
+RNG state (and CUDA's), the batch start offsets, the run's curves and counters, and its
+configuration. ``--resume`` continues every run from its newest readable checkpoint (an
+unreadable one is skipped with a warning, temp files are never read), refuses one written
+with another configuration, and does not retrain a run whose final checkpoint exists.
+The continued losses are bit-identical to an uninterrupted run's on the same machine,
+library versions and thread count. ``--loss-log FILE`` writes one line per training step,
+``<run> <step> <repr(loss)> <loss.hex()>``, flushed each step; on resume each run's lines
+are rewritten from its checkpoint first, so after a killed and resumed run the file equals
+an uninterrupted run's.
 """
 from __future__ import annotations
 
@@ -24,9 +40,11 @@ import contextlib
 import copy
 import csv
 import functools
+import hashlib
 import json
 import math
 import os
+import re
 import statistics
 import sys
 import sysconfig
@@ -309,6 +327,19 @@ class CastCounter:
                 if not torch.isfinite(quantize(top, fmt, 1.0, saturate=False).data.float()).all():
                     self.saturated_casts += 1  # the largest element was out of range: saturated
 
+    @contextlib.contextmanager
+    def saving(self):
+        """Around model.state_dict(): fp8mix.Linear records the pending grad_output amaxes
+        there (otherwise the next forward would), so count those casts as after_step does."""
+        if not self.delayed:
+            yield
+            return
+        self.before_step(False)
+        try:
+            yield
+        finally:
+            self.after_step()
+
     def _count(self, m, role: str, r: int, x: torch.Tensor) -> None:
         from .inspect_model import cast_stats
         from .recipe import BlockScaling, role_format
@@ -356,8 +387,241 @@ def evaluate(model, name, device, val, val_starts, seq_len) -> float:
     return sum(losses) / len(losses)
 
 
-def train_one(name, base, cfg, data, device, progress=True) -> dict:
-    """Train a copy of `base` as run `name`; returns its summary and curves."""
+# ---- checkpoints -------------------------------------------------------------------------
+CKPT_FORMAT = 1
+_CKPT_RE = re.compile(r"^(?P<run>[a-z0-9][a-z0-9-]*)\.step(?P<step>\d{8})\.pt$")
+KEEP_CHECKPOINTS = 2
+# The options a run's numbers depend on: a checkpoint resumes only under the same values.
+CONFIG_KEYS = ("steps", "batch_size", "seq_len", "layers", "d_model", "heads", "lr", "warmup", "eval_every",
+               "eval_batches", "seed")
+
+
+def checkpoint_name(run: str, step: int) -> str:
+    """File name of run `run`'s checkpoint after `step` steps."""
+    return f"{run}.step{step:08d}.pt"
+
+
+def list_checkpoints(folder: str, run: str) -> list[tuple[int, str]]:
+    """(steps done, path) of run `run`'s checkpoints in `folder`, oldest first. Only final
+    names count: temp files (hidden, ``.tmp.`` suffix) are never listed."""
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return []
+    found = []
+    for n in names:
+        m = _CKPT_RE.match(n)
+        if m and m["run"] == run:
+            found.append((int(m["step"]), os.path.join(folder, n)))
+    return sorted(found)
+
+
+def _fsync_dir(folder: str) -> None:
+    """Make a rename in `folder` durable (where the platform allows opening folders)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_save(obj, path: str) -> None:
+    """torch.save `obj` to `path` so that `path` is either absent, its old content or the
+    complete new content, whenever the process dies: write a hidden temp file in the same
+    folder, flush and fsync it, os.replace it onto `path`, fsync the folder."""
+    folder = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp.{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(folder)
+
+
+def remove_stale_temp_files(folder: str, run: str) -> None:
+    """Delete temp files a killed writer of run `run` left behind (never read anyway)."""
+    prefix = f".{run}.step"
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return
+    for n in names:
+        if n.startswith(prefix) and ".pt.tmp." in n:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(folder, n))
+
+
+def run_config(name: str, cfg, device: torch.device, corpus_id: dict) -> dict:
+    """What run `name`'s numbers depend on; a checkpoint resumes only under an equal one."""
+    c = {k: getattr(cfg, k) for k in CONFIG_KEYS}
+    c.update(run=name, device=device.type, recipe=repr(_fp8_recipe(name)) if name.startswith("fp8") else None)
+    c.update(corpus_id)
+    return c
+
+
+def corpus_identity(corpus: torch.Tensor) -> dict:
+    """Size and SHA-256 of the corpus bytes (the data a checkpoint was trained on)."""
+    return {"corpus_bytes": int(corpus.numel()), "corpus_sha256": hashlib.sha256(corpus.numpy()).hexdigest()}
+
+
+def _env_info() -> dict:
+    """Not checked on resume, only reported: bit-identity also needs these to match."""
+    import fp8mix
+    return {"torch": str(torch.__version__), "fp8mix": str(fp8mix.__version__),
+            "threads": torch.get_num_threads(), "isa": str(fp8mix.cpu_isa())}
+
+
+def _describe_diff(saved: dict, now: dict) -> str:
+    keys = [k for k in list(now) + [k for k in saved if k not in now] if saved.get(k) != now.get(k)]
+    return ", ".join(f"{k.replace('_', '-')} {saved.get(k)!r} (checkpoint) vs {now.get(k)!r} (now)" for k in keys)
+
+
+def _set_aside(path: str) -> None:
+    """Rename an unreadable checkpoint out of the way (kept for inspection, never listed),
+    so that the run's new checkpoints are the newest and pruning keeps them."""
+    with contextlib.suppress(OSError):
+        os.replace(path, path + ".unreadable")
+
+
+def find_resume_checkpoint(folder: str, name: str, config: dict):
+    """The newest readable checkpoint of run `name` in `folder` as (path, dict), or None.
+    Unreadable files (truncated, corrupt) are skipped with a warning on stderr and renamed
+    to ``*.unreadable``; one written under another configuration is a UsageError."""
+    skipped = []
+    for step, path in reversed(list_checkpoints(folder, name)):
+        try:
+            ck = torch.load(path, map_location="cpu", weights_only=True)
+            if not isinstance(ck, dict) or "format" not in ck:
+                raise ValueError("not an fp8mix demo checkpoint")
+        except Exception as exc:  # noqa: BLE001 - any unreadable file: fall back to an older one
+            why = " ".join(str(exc).split())[:200]
+            print(f"warning: skipping unreadable checkpoint {path} ({type(exc).__name__}: {why})",
+                  file=sys.stderr, flush=True)
+            skipped.append(path)
+            continue
+        if ck.get("format") != CKPT_FORMAT:
+            raise UsageError(f"checkpoint {path} has format {ck.get('format')!r}, this demo reads format "
+                             f"{CKPT_FORMAT}; use another --checkpoint-dir")
+        if ck.get("config") != config:
+            raise UsageError(f"cannot resume from {path}: it was written with a different configuration "
+                             f"({_describe_diff(ck.get('config') or {}, config)}); rerun with the same options "
+                             "or use another --checkpoint-dir")
+        if ck.get("step") != step:
+            print(f"warning: skipping checkpoint {path}: it holds step {ck.get('step')}", file=sys.stderr)
+            skipped.append(path)
+            continue
+        env = _env_info()
+        if ck.get("env") != env:
+            print(f"warning: {path} was written under {ck.get('env')}, resuming under {env}: the continued losses "
+                  "may differ in the last bits from an uninterrupted run", file=sys.stderr, flush=True)
+        for p in skipped:
+            _set_aside(p)
+        return path, ck
+    for p in skipped:
+        _set_aside(p)
+    return None
+
+
+class LossLog:
+    """``--loss-log``: one line per training step, ``<run> <step> <repr(loss)> <loss.hex()>``,
+    flushed each step. Each run starts by rewriting the file (atomically) to the lines of
+    the runs before it plus its own restored steps, so resumed steps are never doubled."""
+
+    def __init__(self, path: str, resume: bool):
+        self.path = path
+        self.f = None
+        folder = os.path.dirname(os.path.abspath(path))
+        try:
+            os.makedirs(folder, exist_ok=True)
+            if not resume or not os.path.exists(path):
+                open(path, "w").close()
+        except OSError as exc:
+            raise UsageError(f"cannot write --loss-log {path!r}: {exc.strerror}") from None
+        stale = f".{os.path.basename(path)}.tmp."  # left by a rewrite that was killed
+        for n in os.listdir(folder):
+            if n.startswith(stale):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(folder, n))
+
+    @staticmethod
+    def line(name: str, step: int, loss: float) -> str:
+        return f"{name} {step} {loss!r} {loss.hex()}\n"
+
+    def start_run(self, name: str, earlier: list[str], restored: list) -> None:
+        """Keep the earlier runs' lines, add `restored` (step, loss) of run `name`."""
+        self.close()
+        with open(self.path) as f:
+            lines = f.readlines()
+        keep = [ln for ln in lines if ln.endswith("\n") and ln.split(" ", 1)[0] in earlier]
+        keep += [self.line(name, s, v) for s, v in restored]
+        tmp = os.path.join(os.path.dirname(os.path.abspath(self.path)),
+                           f".{os.path.basename(self.path)}.tmp.{os.getpid()}")
+        with open(tmp, "w") as f:
+            f.writelines(keep)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        self.f = open(self.path, "a")
+
+    def write(self, name: str, step: int, loss: float) -> None:
+        self.f.write(self.line(name, step, loss))
+        self.f.flush()
+
+    def close(self) -> None:
+        if self.f is not None:
+            self.f.close()
+            self.f = None
+
+
+class Checkpointing:
+    """Where and how often a demo invocation checkpoints, and whether it resumes."""
+
+    def __init__(self, folder: str, every: int, resume: bool):
+        self.folder, self.every, self.resume = folder, every, resume
+
+    def due(self, steps_done: int, total: int) -> bool:
+        return steps_done % self.every == 0 or steps_done == total
+
+    def save(self, name: str, step: int, state: dict) -> str:
+        path = os.path.join(self.folder, checkpoint_name(name, step))
+        atomic_save(state, path)
+        for _, old in list_checkpoints(self.folder, name)[:-KEEP_CHECKPOINTS]:
+            with contextlib.suppress(OSError):
+                os.unlink(old)
+        return path
+
+
+def make_scaler(name: str, device: torch.device):
+    """The run's gradient scaler (torch.amp.GradScaler's interface), or None: FP8 runs
+    get fp8mix.FP8GradScaler (skips steps with inf/NaN gradients, reacts to the FP8
+    gradient casts' counts); float32 and bfloat16 runs need none."""
+    if not name.startswith("fp8"):
+        return None
+    import fp8mix
+    return fp8mix.FP8GradScaler(device=device.type)
+
+
+def train_one(name, base, cfg, data, device, progress=True, *, ckpt: Checkpointing | None = None,
+              resume_from=None, config: dict | None = None, loss_log: LossLog | None = None,
+              earlier: tuple = (), monitor=None) -> dict:
+    """Train a copy of `base` as run `name`; returns its summary and curves.
+
+    ckpt: checkpoint every ckpt.every steps and after the last step (config goes in them);
+    resume_from: (path, checkpoint dict) to continue from (find_resume_checkpoint);
+    loss_log: per-step losses (earlier: the runs already in the log before this one);
+    monitor: ``monitor(step, train_curve) -> str | None`` after each step (train_curve
+    includes restored steps); a string stops the run as diverged, with that reason."""
     import fp8mix
     from tqdm import tqdm
 
@@ -372,14 +636,65 @@ def train_one(name, base, cfg, data, device, progress=True) -> dict:
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=cfg.lr, betas=(0.9, 0.95))
+    scaler = make_scaler(name, device)
     saved = SavedBytes(model)
     train_curve, val_curve, times = [], [], []
-    diverged = False
+    diverged, stop_reason, start, wall_before = False, None, 0, 0.0
+    done = False
+    if resume_from is not None:
+        path, ck = resume_from
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["optimizer"])
+        if scaler is not None and ck["scaler"] is not None:
+            scaler.load_state_dict(ck["scaler"])
+        torch.set_rng_state(ck["rng"]["torch"])
+        if device.type == "cuda" and ck["rng"].get("cuda") is not None:
+            torch.cuda.set_rng_state_all(ck["rng"]["cuda"])
+        order = ck["data_order"]
+        if not (torch.equal(order["train_starts"], train_starts) and torch.equal(order["val_starts"], val_starts)):
+            print(f"warning: {path}: this torch draws other batch offsets from the seed; continuing with the "
+                  "checkpoint's", file=sys.stderr)
+        train_starts, val_starts = order["train_starts"], order["val_starts"]
+        p = ck["progress"]
+        train_curve, val_curve, times = list(p["train_curve"]), list(p["val_curve"]), list(p["times"])
+        diverged, stop_reason, wall_before = p["diverged"], p["stop_reason"], p["wall_s"]
+        saved.seen = {0: int(p["saved_bytes"])}
+        if counter is not None and p["counter"] is not None:
+            counter.saturated_casts, counter.casts, counter.sampled = (
+                p["counter"]["saturated_casts"], p["counter"]["casts"], p["counter"]["sampled"])
+        start, done = ck["step"], ck["done"]
+        print(f"{name}: " + (f"already complete in {path} ({start} steps); not retraining" if done else
+                             f"resuming from {path} (step {start} of {cfg.steps})"), flush=True)
+    if loss_log is not None:
+        loss_log.start_run(name, list(earlier), train_curve)
+    if ckpt is not None:
+        remove_stale_temp_files(ckpt.folder, name)
+
+    def checkpoint(steps_done: int, final: bool) -> None:
+        with counter.saving() if counter is not None else contextlib.nullcontext():
+            model_state = model.state_dict()  # fp8mix.Linear records pending grad amaxes first
+        ckpt.save(name, steps_done, {
+            "format": CKPT_FORMAT, "run": name, "step": steps_done, "done": final, "config": config,
+            "env": _env_info(),
+            "model": model_state,
+            "optimizer": opt.state_dict(),
+            "scaler": scaler.state_dict() if scaler is not None else None,
+            "rng": {"torch": torch.get_rng_state(),
+                    "cuda": torch.cuda.get_rng_state_all() if device.type == "cuda" else None},
+            "data_order": {"train_starts": train_starts, "val_starts": val_starts},
+            "progress": {"train_curve": train_curve, "val_curve": val_curve, "times": times,
+                         "diverged": diverged, "stop_reason": stop_reason, "saved_bytes": sum(saved.seen.values()),
+                         "wall_s": wall_before + time.perf_counter() - t_run,
+                         "counter": None if counter is None else {
+                             "saturated_casts": counter.saturated_casts, "casts": counter.casts,
+                             "sampled": counter.sampled}}})
+
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    bar = tqdm(range(cfg.steps), desc=f"{name:>11}", unit="step", disable=not progress, leave=True,
-               dynamic_ncols=True, file=sys.stderr)
+    bar = tqdm(range(start, cfg.steps if not done else start), desc=f"{name:>11}", unit="step",
+               disable=not progress, leave=True, dynamic_ncols=True, file=sys.stderr, initial=start,
+               total=cfg.steps)
     for step in bar:
         for g in opt.param_groups:
             g["lr"] = lr_at(step, cfg.steps, cfg.lr, cfg.warmup)
@@ -393,9 +708,17 @@ def train_one(name, base, cfg, data, device, progress=True) -> dict:
             with precision_context(name, device):
                 logits = model(x)
             loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
-            loss.backward()
+            if scaler is not None:
+                scaler.scale(loss).backward()
+                scaler.unscale_(opt)
+            else:
+                loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        if scaler is not None:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
         opt.zero_grad(set_to_none=True)
         sync()
         times.append(time.perf_counter() - t0)
@@ -403,26 +726,44 @@ def train_one(name, base, cfg, data, device, progress=True) -> dict:
             counter.after_step()
         lv = loss.item()
         train_curve.append((step, lv))
+        if loss_log is not None:
+            loss_log.write(name, step, lv)
         if not math.isfinite(lv):
-            diverged = True
-            bar.set_postfix_str("diverged (non-finite loss)")
+            diverged, stop_reason = True, "non-finite loss"
+        elif monitor is not None:
+            stop_reason = monitor(step, train_curve)
+            diverged = stop_reason is not None
+        if diverged:
+            bar.set_postfix_str(f"diverged ({stop_reason})")
+            if ckpt is not None:
+                checkpoint(step + 1, True)
             break
         if (step + 1) % cfg.eval_every == 0 or step == cfg.steps - 1:
             val_curve.append((step, evaluate(model, name, device, val, val_starts, cfg.seq_len)))
             bar.set_postfix(loss=f"{lv:.3f}", val=f"{val_curve[-1][1]:.3f}")
         elif step % 10 == 0:
             bar.set_postfix(loss=f"{lv:.3f}")
+        if ckpt is not None and ckpt.due(step + 1, cfg.steps):
+            checkpoint(step + 1, step + 1 == cfg.steps)
     bar.close()
+    if loss_log is not None:
+        loss_log.close()
+    if scaler is not None:
+        scaler.close()  # stop the FP8 gradient-cast counts this run's scaler asked for
     tail = [v for _, v in train_curve[-max(1, cfg.steps // 10):]]
     res = {
-        "run": name, "diverged": diverged, "steps_done": len(train_curve),
-        "final_train_loss": sum(tail) / len(tail) if not diverged else float("nan"),
+        "run": name, "diverged": diverged, "stop_reason": stop_reason, "steps_done": len(train_curve),
+        "resumed_from_step": start if resume_from is not None else None,
+        "final_train_loss": sum(tail) / len(tail) if not diverged and tail else float("nan"),
         "final_val_loss": val_curve[-1][1] if val_curve and not diverged else float("nan"),
-        "step_ms_median": 1000.0 * statistics.median(times[1:] or times),
-        "train_steps_s": sum(times), "run_wall_s": time.perf_counter() - t_run,
+        "step_ms_median": 1000.0 * statistics.median(times[1:] or times) if times else float("nan"),
+        "train_steps_s": sum(times), "run_wall_s": wall_before + time.perf_counter() - t_run,
         "saved_for_backward_mib": saved.mib,
         "peak_cuda_mib": torch.cuda.max_memory_allocated(device) / 2 ** 20 if device.type == "cuda" else None,
         "fp8": counter.summary() if counter is not None else None,
+        "scaler": None if scaler is None else {
+            "scale": scaler.get_scale(), "fp8_skips": scaler.fp8_skips, "fp8_backoffs": scaler.fp8_backoffs,
+            "fp8_growths": scaler.fp8_growths},
         "train_curve": train_curve, "val_curve": val_curve,
     }
     return res
@@ -532,6 +873,42 @@ def check_args(cfg) -> None:
         raise UsageError(f"--d-model {cfg.d_model} is not divisible by --heads {cfg.heads}")
     if not (cfg.lr > 0 and math.isfinite(cfg.lr)):
         raise UsageError(f"--lr must be > 0, got {cfg.lr}")
+    ckdir, every = getattr(cfg, "checkpoint_dir", None), getattr(cfg, "checkpoint_every", None)
+    if every is not None and every < 1:
+        raise UsageError(f"--checkpoint-every must be >= 1, got {every}")
+    if ckdir is None and every is not None:
+        raise UsageError("--checkpoint-every needs --checkpoint-dir")
+    if ckdir is None and getattr(cfg, "resume", False):
+        raise UsageError("--resume needs --checkpoint-dir (the folder to resume from)")
+
+
+def prepare_checkpoints(args, names: list, device: torch.device, corpus: torch.Tensor):
+    """(Checkpointing or None, {run: config}, {run: (path, checkpoint) to resume from}).
+    Every run's checkpoints are checked before anything trains: without --resume a folder
+    that already holds some is refused, with --resume a different configuration is."""
+    folder = getattr(args, "checkpoint_dir", None)
+    if folder is None:
+        return None, {}, {}
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot create --checkpoint-dir {folder!r}: {exc.strerror}") from None
+    every = args.checkpoint_every if args.checkpoint_every is not None else args.eval_every
+    ckpt = Checkpointing(folder, every, bool(args.resume))
+    cid = corpus_identity(corpus)
+    configs = {n: run_config(n, args, device, cid) for n in names}
+    resume = {}
+    for n in names:
+        if not args.resume:
+            existing = list_checkpoints(folder, n)
+            if existing:
+                raise UsageError(f"--checkpoint-dir {folder} already holds checkpoints of run {n} (step "
+                                 f"{existing[-1][0]}); pass --resume to continue from them or use an empty folder")
+            continue
+        found = find_resume_checkpoint(folder, n, configs[n])
+        if found is not None:
+            resume[n] = found
+    return ckpt, configs, resume
 
 
 def run(args: argparse.Namespace) -> int:
@@ -563,9 +940,18 @@ def run(args: argparse.Namespace) -> int:
           f"{args.steps} steps of {args.batch_size}x{args.seq_len} bytes, AdamW lr {args.lr:g}; device {device}, "
           f"{torch.get_num_threads()} threads")
     print(f"runs: {', '.join(names)}", flush=True)
+    ckpt, configs, resume = prepare_checkpoints(args, names, device, corpus)
+    loss_log = LossLog(args.loss_log, bool(getattr(args, "resume", False))) \
+        if getattr(args, "loss_log", None) else None
+    if ckpt is not None:
+        print(f"checkpoints: {ckpt.folder} every {ckpt.every} steps"
+              + (f"; resuming {len(resume)} of {len(names)} runs" if ckpt.resume else ""), flush=True)
     t0 = time.perf_counter()
-    results = [train_one(n, base, args, (train, val, train_starts, val_starts), device, not args.no_progress)
-               for n in names]
+    results = []
+    for i, n in enumerate(names):
+        results.append(train_one(n, base, args, (train, val, train_starts, val_starts), device,
+                                 not args.no_progress, ckpt=ckpt, resume_from=resume.pop(n, None),
+                                 config=configs.get(n), loss_log=loss_log, earlier=tuple(names[:i])))
     wall = time.perf_counter() - t0
     paths = write_outputs(args.out, args, desc, results)
     on_cuda = device.type == "cuda"
@@ -586,7 +972,7 @@ def _print_summary(results: list) -> None:
     ref = next((r for r in results if r["run"] == "fp32" and not r["diverged"]), None)
     for r in results:
         if r["diverged"]:
-            print(f"{r['run']}: DIVERGED (non-finite loss at step {r['steps_done'] - 1})")
+            print(f"{r['run']}: DIVERGED ({r.get('stop_reason') or 'non-finite loss'} at step {r['steps_done'] - 1})")
             continue
         line = f"{r['run']}: {r['run_wall_s']:.0f} s, val loss {r['final_val_loss']:.4f}"
         if ref is not None and r is not ref:
