@@ -66,6 +66,14 @@ def _check_growth_interval(v) -> int:
     return v
 
 
+def _check_feedback_interval(v) -> int:
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise TypeError(f"FP8GradScaler: fp8_feedback_interval must be an int, got {type(v).__name__}")
+    if v < 1:
+        raise ValueError(f"FP8GradScaler: fp8_feedback_interval must be >= 1, got {v}")
+    return v
+
+
 def _check_fraction(name: str, v, hi_open: bool) -> float:
     v = _number(name, v)
     if not (0.0 <= v < 1.0 if hi_open else 0.0 <= v <= 1.0):
@@ -147,8 +155,9 @@ class FP8GradScaler:
     * an unscaled cast (scale 1) puts gradients exactly where the loss scale puts them.
 
     So with ``fp8_feedback=True`` (default) the scaler turns on :mod:`fp8mix.grad_stats`
-    (lazily, at the first :meth:`scale`) and reads the counts of all grad_output casts of
-    the iteration (at unscale_()/step() and again at update()):
+    (in :meth:`scale`) on every `fp8_feedback_interval`-th iteration (default 10: counting
+    costs one more read of each dy, so it is sampled) and reads the counts of all
+    grad_output casts of that iteration (at unscale_()/step() and again at update()):
 
     * ``nonfinite`` > 0 (a grad_output cast saw an inf/NaN): the step is **skipped**, as
       for an inf gradient, and the scale backs off. The casts saturate, so an inf in dy
@@ -188,6 +197,7 @@ class FP8GradScaler:
         overflow_threshold: in [0, 1); ``overflow_frac`` above it backs off.
         underflow_threshold: in [0, 1]; ``underflow_frac`` above it grows the scale.
         max_scale: cap of the underflow-driven growth (finite, > 0).
+        fp8_feedback_interval: count the gradient casts on iterations 0, n, 2n, ... (int >= 1).
 
     Raises:
         ValueError: non-finite or non-positive init_scale, growth_factor <= 1,
@@ -197,7 +207,7 @@ class FP8GradScaler:
     def __init__(self, device: str = "cpu", init_scale: float = 2.0 ** 16, growth_factor: float = 2.0,
                  backoff_factor: float = 0.5, growth_interval: int = 2000, enabled: bool = True, *,
                  fp8_feedback: bool = True, overflow_threshold: float = 1e-3, underflow_threshold: float = 0.05,
-                 max_scale: float = 2.0 ** 24):
+                 max_scale: float = 2.0 ** 24, fp8_feedback_interval: int = 10):
         if not isinstance(enabled, bool):
             raise TypeError(f"FP8GradScaler: enabled must be a bool, got {type(enabled).__name__}")
         if not isinstance(fp8_feedback, bool):
@@ -214,6 +224,8 @@ class FP8GradScaler:
             raise ValueError(f"FP8GradScaler: max_scale must be finite and > 0, got {ms}")
         self._max_scale = ms
         self._fp8_feedback = fp8_feedback
+        self._fb_interval = _check_feedback_interval(fp8_feedback_interval)
+        self._fb_iter = 0  # iterations updated so far: those with _fb_iter % interval == 0 are counted
         self._enabled = enabled
         if enabled and self._device == "cuda" and not torch.cuda.is_available():
             import warnings
@@ -268,8 +280,10 @@ class FP8GradScaler:
         """outputs (a tensor, or nested lists/tuples of tensors) times the current scale."""
         if not self._enabled:
             return outputs
-        if self._fp8_feedback:
-            self._collect()
+        if self._fp8_feedback and self._fb_iter % self._fb_interval == 0:
+            self._collect()  # this iteration's backward counts its gradient casts
+        else:
+            self.close()
         if isinstance(outputs, torch.Tensor):
             if self._scale is None:
                 self._lazy_init(outputs.device)
@@ -455,6 +469,7 @@ class FP8GradScaler:
                     self.last_fp8_action = "grow"
         self._hidden_inf = False
         self._opt_states = defaultdict(_fresh_opt_state)
+        self._fb_iter += 1
 
     def _update_scale(self, scale: torch.Tensor, tracker: torch.Tensor, backoff: torch.Tensor) -> torch.Tensor:
         """torch's rule, as tensor ops (no host sync), products in fp64 rounded once to fp32:
@@ -519,6 +534,8 @@ class FP8GradScaler:
             "overflow_threshold": self._overflow_threshold,
             "underflow_threshold": self._underflow_threshold,
             "max_scale": self._max_scale,
+            "fp8_feedback_interval": self._fb_interval,
+            "fp8_feedback_iter": self._fb_iter,
             "fp8_ceiling": self._ceiling,
             "fp8_backoffs": self.fp8_backoffs,
             "fp8_growths": self.fp8_growths,
@@ -554,6 +571,8 @@ class FP8GradScaler:
             self._underflow_threshold = _check_fraction("underflow_threshold", state_dict["underflow_threshold"],
                                                         False)
             self._max_scale = float(state_dict["max_scale"])
+            self._fb_interval = _check_feedback_interval(state_dict.get("fp8_feedback_interval", 1))
+            self._fb_iter = int(state_dict.get("fp8_feedback_iter", 0))
             self._ceiling = float(state_dict["fp8_ceiling"])
             self.fp8_backoffs = int(state_dict["fp8_backoffs"])
             self.fp8_growths = int(state_dict["fp8_growths"])

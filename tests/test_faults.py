@@ -78,7 +78,7 @@ def _train(recipe_name, fault=None, *, bias=True, fp8_feedback=True):
     rec = {"initial": _full_loss(m)}
     hook_on = [False]
     m[2].weight.register_hook(lambda g: g * NAN if hook_on[0] else g)
-    with FP8GradScaler(init_scale=2.0 ** 10, growth_interval=50, fp8_feedback=fp8_feedback) as scaler:
+    with FP8GradScaler(fp8_feedback_interval=1, init_scale=2.0 ** 10, growth_interval=50, fp8_feedback=fp8_feedback) as scaler:
         for t in range(STEPS):
             idx = torch.arange(t * BATCH, (t + 1) * BATCH) % X.shape[0]
             x, y = X[idx], Y[idx]
@@ -209,7 +209,7 @@ def test_amax_spike_saturates_one_step_and_recovers(algo, small_steps):
         scaler.update()
         assert _fp8_state_ok(m)
 
-    with FP8GradScaler(init_scale=2.0 ** 8, growth_interval=1000) as scaler:
+    with FP8GradScaler(fp8_feedback_interval=1, init_scale=2.0 ** 8, growth_interval=1000) as scaler:
         for _ in range(L + 2):
             step(x)
         s_pre = input_scale()
@@ -257,7 +257,7 @@ def test_loss_scale_jump_saturates_and_feedback_backs_off():
     opt = torch.optim.Adam(m.parameters(), lr=3e-3)
     recipe = DelayedScaling(amax_history_len=16)
     actions, overflow = [], []
-    with FP8GradScaler(init_scale=2.0 ** 10, growth_interval=1000) as scaler:
+    with FP8GradScaler(fp8_feedback_interval=1, init_scale=2.0 ** 10, growth_interval=1000) as scaler:
         for t in range(30):
             idx = torch.arange(t * BATCH, (t + 1) * BATCH) % X.shape[0]
             with fp8mix.fp8_autocast(fp8_recipe=recipe):

@@ -378,14 +378,14 @@ def _feedback_run(scaler, m, opt, t0, n):
 def test_state_dict_round_trip_and_resume():
     ref_m, m = _model(), _model()
     ref_opt, opt = torch.optim.SGD(ref_m.parameters(), lr=0.05), torch.optim.SGD(m.parameters(), lr=0.05)
-    with FP8GradScaler(init_scale=2.0 ** 10, growth_interval=3) as ref, \
-            FP8GradScaler(init_scale=2.0 ** 10, growth_interval=3) as first:
+    with FP8GradScaler(fp8_feedback_interval=1, init_scale=2.0 ** 10, growth_interval=3) as ref, \
+            FP8GradScaler(fp8_feedback_interval=1, init_scale=2.0 ** 10, growth_interval=3) as first:
         ref_traj = _feedback_run(ref, ref_m, ref_opt, 0, 20)
         traj = _feedback_run(first, m, opt, 0, 10)
         sd = first.state_dict()
     assert sd["fp8_growths"] > 0 and sd["fp8_backoffs"] > 0 and sd["_growth_tracker"] > 0
     sd = pickle.loads(pickle.dumps(sd))
-    with FP8GradScaler(init_scale=1.0, growth_factor=5.0, growth_interval=99, underflow_threshold=0.5) as resumed:
+    with FP8GradScaler(fp8_feedback_interval=1, init_scale=1.0, growth_factor=5.0, growth_interval=99, underflow_threshold=0.5) as resumed:
         resumed.load_state_dict(sd)
         assert resumed.state_dict() == sd  # exact, before and after the scale tensor exists
         traj += _feedback_run(resumed, m, opt, 10, 10)
@@ -414,7 +414,7 @@ def test_state_dict_interoperates_with_torch():
 def test_pickle_and_deepcopy():
     m = _model()
     opt = torch.optim.SGD(m.parameters(), lr=0.05)
-    with FP8GradScaler(init_scale=2.0 ** 6, growth_interval=2) as s:
+    with FP8GradScaler(fp8_feedback_interval=1, init_scale=2.0 ** 6, growth_interval=2) as s:
         _feedback_run(s, m, opt, 0, 3)
         for clone in (pickle.loads(pickle.dumps(s)), copy.deepcopy(s)):
             assert clone.state_dict() == s.state_dict()
@@ -448,13 +448,13 @@ def _feedback_step(scaler, m, opt, t, inject=None, infs=()):
 def fb():
     m = _model()
     opt = torch.optim.SGD(m.parameters(), lr=0.05)
-    with FP8GradScaler(init_scale=2.0 ** 10, growth_interval=100) as s:
+    with FP8GradScaler(fp8_feedback_interval=1, init_scale=2.0 ** 10, growth_interval=100) as s:
         yield s, m, opt
 
 
 def test_collection_is_lazy_and_released():
     assert not grad_stats.enabled()
-    s = FP8GradScaler()
+    s = FP8GradScaler(fp8_feedback_interval=1)
     assert not grad_stats.enabled()  # nothing until the first scale()
     s.scale(torch.ones(()))
     assert grad_stats.enabled()
@@ -540,7 +540,7 @@ def test_no_underflow_growth_on_inf_step(fb):
 def test_no_double_growth_with_interval_growth():
     m = _model()
     opt = torch.optim.SGD(m.parameters(), lr=0.05)
-    with FP8GradScaler(init_scale=4.0, growth_interval=2) as s:
+    with FP8GradScaler(fp8_feedback_interval=1, init_scale=4.0, growth_interval=2) as s:
         _feedback_step(s, m, opt, 0)
         _feedback_step(s, m, opt, 1, dict(underflow=300))  # the interval growth happens: one growth only
         assert s.get_scale() == 8.0 and s.fp8_growths == 0
@@ -549,11 +549,11 @@ def test_no_double_growth_with_interval_growth():
 def test_underflow_growth_is_capped():
     m = _model()
     opt = torch.optim.SGD(m.parameters(), lr=0.05)
-    with FP8GradScaler(init_scale=2.0 ** 23, growth_interval=1000) as s:
+    with FP8GradScaler(fp8_feedback_interval=1, init_scale=2.0 ** 23, growth_interval=1000) as s:
         for t in range(3):
             _feedback_step(s, m, opt, t, dict(underflow=500))
         assert s.get_scale() == 2.0 ** 24 and s.fp8_growths == 1
-    with FP8GradScaler(init_scale=3.0, max_scale=10.0, growth_interval=1000) as s:
+    with FP8GradScaler(fp8_feedback_interval=1, init_scale=3.0, max_scale=10.0, growth_interval=1000) as s:
         for t in range(4):
             _feedback_step(s, m, opt, t, dict(underflow=500))
         assert s.get_scale() == 6.0
@@ -562,7 +562,7 @@ def test_underflow_growth_is_capped():
 def test_no_ping_pong_between_overflow_and_underflow():
     m = _model()
     opt = torch.optim.SGD(m.parameters(), lr=0.05)
-    with FP8GradScaler(init_scale=2.0 ** 10, growth_interval=3) as s:
+    with FP8GradScaler(fp8_feedback_interval=1, init_scale=2.0 ** 10, growth_interval=3) as s:
         _feedback_step(s, m, opt, 0, dict(overflow=50))          # 2**10 overflowed
         assert s.get_scale() == 2.0 ** 9
         _feedback_step(s, m, opt, 1, dict(underflow=300))         # growing back to 2**10 is refused
@@ -587,7 +587,7 @@ def test_hidden_inf_skips_the_step(fb):
 def test_hidden_inf_skips_every_optimizer_of_the_iteration():
     m = _model()
     o1, o2 = torch.optim.SGD(m[0].parameters(), lr=0.1), torch.optim.SGD(m[2].parameters(), lr=0.1)
-    with FP8GradScaler() as s:
+    with FP8GradScaler(fp8_feedback_interval=1) as s:
         x, y = _batch(0)
         s.scale(nn.functional.mse_loss(m(x), y)).backward()
         _inject(nonfinite=2)
@@ -611,3 +611,31 @@ def test_new_scale_discards_counts(fb):
     with pytest.raises(ValueError):
         s.update(new_scale=-1.0)
     assert math.isfinite(s.get_scale())
+
+
+def test_feedback_is_sampled_every_interval():
+    """The gradient casts are counted on iterations 0, n, 2n, ... only (counting costs a
+    read of dy), and the iteration counter survives state_dict."""
+    m = nn.Sequential(fp8mix.Linear(32, 32), nn.ReLU(), fp8mix.Linear(32, 4))
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    seen = []
+    with FP8GradScaler(init_scale=2.0 ** 8, fp8_feedback_interval=3) as s:
+        for t in range(7):
+            x, y = torch.randn(16, 32), torch.randn(16, 4)
+            with fp8mix.fp8_autocast():
+                loss = nn.functional.mse_loss(m(x), y)
+            s.scale(loss).backward()
+            seen.append(grad_stats.enabled())
+            s.step(opt)
+            s.update()
+            assert (s.last_fp8_stats is not None) == (t % 3 == 0)
+            opt.zero_grad()
+        sd = s.state_dict()
+    assert seen == [t % 3 == 0 for t in range(7)]
+    assert sd["fp8_feedback_iter"] == 7 and sd["fp8_feedback_interval"] == 3
+    with FP8GradScaler() as r:
+        r.load_state_dict(sd)
+        r.scale(torch.ones(()))
+        assert not grad_stats.enabled()  # iteration 7: not sampled
+    with pytest.raises(ValueError, match="fp8_feedback_interval"):
+        FP8GradScaler(fp8_feedback_interval=0)
