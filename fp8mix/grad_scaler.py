@@ -92,6 +92,7 @@ def _merge_stats(acc: Optional[dict], new: Optional[dict]) -> Optional[dict]:
     na, nn_, nz = max(acc["nonzero"], 1.0), max(new["nonzero"], 1.0), max(out["nonzero"], 1.0)
     for k in ("underflow_frac", "overflow_frac"):
         out[k] = (acc[k] * na + new[k] * nn_) / nz
+    out["max_overflow_frac"] = max(acc.get("max_overflow_frac", 0.0), new.get("max_overflow_frac", 0.0))
     return out
 
 
@@ -156,7 +157,9 @@ class FP8GradScaler:
 
     So with ``fp8_feedback=True`` (default) the scaler turns on :mod:`fp8mix.grad_stats`
     (in :meth:`scale`) on every `fp8_feedback_interval`-th iteration (default 10: counting
-    costs one more read of each dy, so it is sampled) and reads the counts of all
+    costs one more read of each dy, so it is sampled), and on every iteration after one
+    whose counts made it act (so a scale in motion is followed step by step until it
+    settles), and reads the counts of all
     grad_output casts of that iteration (at unscale_()/step() and again at update()):
 
     * ``nonfinite`` > 0 (a grad_output cast saw an inf/NaN): the step is **skipped**, as
@@ -165,9 +168,11 @@ class FP8GradScaler:
       wrong gradients that no inf check on the parameters can see (a high-precision run
       would have skipped that step). This covers every optimizer of the iteration.
     * ``overflow_frac`` (values beyond the format's max after scaling, which the
-      saturating cast clipped, plus inf/NaN, over the non-zero values) above
-      `overflow_threshold` (default 1e-3: a few clipped outliers are harmless, a clipped
-      tail is not): the scale backs off by `backoff_factor` and the growth tracker resets,
+      saturating cast clipped, plus inf/NaN, over the non-zero values), pooled over the
+      casts or of any single cast (``max_overflow_frac``: one layer's clipped gradients
+      matter even when the pooled fraction is small), above `overflow_threshold`
+      (default 1e-3: a few clipped outliers are harmless, a clipped tail is not): the
+      scale backs off by `backoff_factor` and the growth tracker resets,
       as for an inf, but a finite step is **not** skipped (its gradients were only
       clipped). At most one backoff per update, inf or not.
     * else ``underflow_frac`` (non-zero values flushed to zero, over the non-zero values)
@@ -280,7 +285,7 @@ class FP8GradScaler:
         """outputs (a tensor, or nested lists/tuples of tensors) times the current scale."""
         if not self._enabled:
             return outputs
-        if self._fp8_feedback and self._fb_iter % self._fb_interval == 0:
+        if self._fp8_feedback and (self._fb_iter % self._fb_interval == 0 or self.last_fp8_action is not None):
             self._collect()  # this iteration's backward counts its gradient casts
         else:
             self.close()
@@ -440,7 +445,9 @@ class FP8GradScaler:
         found = torch.stack(found_infs).sum() > 0
         fb_over = fb_under = False
         if stats is not None:
-            fb_over = stats["overflow_frac"] > self._overflow_threshold
+            # the worst single cast: one layer's clipped gradients count even when the
+            # pooled fraction over all layers stays small
+            fb_over = max(stats["overflow_frac"], stats.get("max_overflow_frac", 0.0)) > self._overflow_threshold
             fb_under = stats["underflow_frac"] > self._underflow_threshold
         backoff = torch.ones_like(found) if fb_over else found
         old = float(scale.item()) if self._fp8_feedback else math.nan

@@ -516,11 +516,15 @@ def test_underflow_fraction_counts_nonzero_values_only(fb):
 
 def test_counts_of_microbatches_add_up(fb):
     s, m, opt = fb
-    # 2% of a small micro-batch, none of a large one: 20 of 101000 (0.02%) is under 0.1%
+    # 2% of a small cast, none of a large one: pooled 20 of 101000 (0.02%) is under 0.1%,
+    # but one cast clipped 2% of its values: that alone backs off
     _feedback_step(s, m, opt, 0, [dict(overflow=20), dict(numel=10 ** 5, nonzero=10 ** 5)])
-    assert s.last_fp8_action is None and s.last_fp8_stats["overflow"] == 20
+    assert s.last_fp8_action == "backoff" and s.last_fp8_stats["overflow"] == 20
     assert s.last_fp8_stats["overflow_frac"] == pytest.approx(20 / 101000)
-    _feedback_step(s, m, opt, 1, [dict(overflow=1), dict(numel=1000, nonzero=200, overflow=1)])
+    assert s.last_fp8_stats["max_overflow_frac"] == pytest.approx(20 / 1000)
+    _feedback_step(s, m, opt, 1, [dict(overflow=0), dict(numel=10 ** 5, nonzero=10 ** 5)])
+    assert s.last_fp8_action is None
+    _feedback_step(s, m, opt, 2, [dict(overflow=1), dict(numel=1000, nonzero=200, overflow=1)])
     assert s.last_fp8_stats["overflow_frac"] == pytest.approx(2 / 1200)
     assert s.last_fp8_action == "backoff"
 
@@ -639,3 +643,23 @@ def test_feedback_is_sampled_every_interval():
         assert not grad_stats.enabled()  # iteration 7: not sampled
     with pytest.raises(ValueError, match="fp8_feedback_interval"):
         FP8GradScaler(fp8_feedback_interval=0)
+
+
+def test_feedback_follows_every_step_while_it_acts():
+    """Off-interval iterations are counted too right after the counts made the scaler act,
+    so a scale in motion is followed step by step (growth from a tiny scale is not 10x slower)."""
+    m = _model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    with FP8GradScaler(init_scale=1.0, growth_interval=100, fp8_feedback_interval=5) as s:
+        sampled, actions = [], []
+        for t in range(9):
+            x, y = _batch(t)
+            opt.zero_grad()
+            s.scale(nn.functional.mse_loss(m(x), y)).backward()
+            sampled.append(grad_stats.enabled())
+            _inject(underflow=500 if t < 3 else 0)  # heavy underflow for three iterations
+            s.step(opt)
+            s.update()
+            actions.append(s.last_fp8_action)
+    assert sampled == [True, True, True, True, False, True, False, False, False]
+    assert actions[:4] == ["grow", "grow", "grow", None] and s.get_scale() == 8.0
