@@ -6,6 +6,7 @@
 #   make test-c   build and run the standalone C tests
 #   make SAN=1 test-c   the same under AddressSanitizer + UBSan
 #   make cuda-check     compile every .cu file with nvcc (no GPU needed)
+#   make cuda-ops-check type-check the CUDA half of csrc/torch_ops.cpp against torch's headers
 #   make fuzz FUZZ_SECONDS=60   libFuzzer targets (clang) over the C API
 #   make valgrind       the C tests under valgrind memcheck
 
@@ -39,7 +40,7 @@ isa_flags = $(if $(findstring _avx512bf16,$1),$(ISA_avx512bf16),$(if $(findstrin
 
 HDRS := csrc/include/fp8mix.h csrc/core/internal.h csrc/core/fp8_rules.h csrc/core/gemm_internal.h
 
-.PHONY: core test-c demo test cuda-check clean venv
+.PHONY: core test-c demo test cuda-check cuda-ops-check clean venv
 core: $(CORE_LIB)
 
 $(BUILD)/%.o: csrc/%.c $(HDRS)
@@ -124,6 +125,19 @@ cuda-check:
 	    echo "SKIP $$f: cublasLt.h not found (set CUBLAS_INCLUDE=<dir>)"; continue; fi; \
 	  for a in 89 90; do echo "nvcc -arch=sm_$$a $$f"; \
 	    $(NVCC) -std=c++17 -arch=sm_$$a -Icsrc/include -I"$$inc" -c $$f -o /dev/null; done; done
+
+# The CUDA half of the one C++ op file (#ifdef FP8MIX_WITH_CUDA), type-checked against
+# torch's own headers (needs the venv's torch and a CUDA include folder, no GPU). The
+# CPU wheel ships c10/cuda's headers but not their generated cmake macros: a stub.
+cuda-ops-check: venv
+	@set -e; cuinc="$$(dirname "$$(command -v $(NVCC))")/../include"; \
+	[ -f "$$cuinc/cuda_runtime_api.h" ] || cuinc="$$(ls -d /usr/local/cuda*/include 2>/dev/null | head -n 1)"; \
+	stub=$(BUILD)/c10stub; mkdir -p $$stub/c10/cuda/impl; \
+	printf '#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n' > $$stub/c10/cuda/impl/cuda_cmake_macros.h; \
+	ti="$$($(VENV)/bin/python -c 'import torch.utils.cpp_extension as c; print(" ".join("-I" + p for p in c.include_paths()))')"; \
+	pi="$$($(VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"; \
+	echo "c++ -fsyntax-only -DFP8MIX_WITH_CUDA csrc/torch_ops.cpp"; \
+	$(CXX) -std=c++20 -fsyntax-only -DFP8MIX_WITH_CUDA $$ti -I$$stub -I$$pi -I"$$cuinc" -Icsrc/include csrc/torch_ops.cpp
 
 # ---- the two commands of the README -------------------------------------
 $(VENV)/.ready: requirements-dev.txt
