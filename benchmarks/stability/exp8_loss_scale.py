@@ -137,7 +137,8 @@ def main(quick: bool) -> C.Section:
         f"{th['final log2 loss scale']} at the end; loss {th['_rel']:+.2f}% vs float32); too low: "
         f"{tl['grad underflow %']}% underflow and the interval growth (every 2000 steps) is far away (loss "
         f"{tl['_rel']:+.2f}%). Static 2^14: {r[GOOD_NAME]['_rel']:+.2f}%. FP8GradScaler with its default "
-        f"fp8_feedback_interval=10 (it counts the gradient casts on every 10th iteration, and on each iteration after one where it acted): from 2^24 "
+        "fp8_feedback_interval=10 (it counts the gradient casts on every 10th iteration, and on each iteration "
+        f"after one where it acted): from 2^24 "
         f"{desc(FH)}; from 1 {desc(FL)}. With fp8_feedback_interval=1: from 2^24 {desc(FH1)}; from 1 {desc(FL1)}; "
         f"from 2^24 with overflow_threshold=1e-4 {desc(FT1)}. " + head
         + " How the scaler acts: it backs off when the pooled clipped fraction or that of any single cast (the "
