@@ -75,37 +75,9 @@ float fp8mix_f16_to_f32_ref(uint16_t h)
     return (h & 0x8000u) ? -v : v;
 }
 
-uint16_t fp8mix_f32_to_bf16_ref(float f)
-{
-    uint32_t u = f32_bits(f);
-    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x40u); /* quiet NaN */
-    u += 0x7FFFu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
+uint16_t fp8mix_f32_to_bf16_ref(float f) { return fp8r_f32_to_bf16(f); }
 
-uint16_t fp8mix_f32_to_f16_ref(float f)
-{
-    /* The same significand-shift scheme as the FP8 encoder (mbits 10, bias 15),
-     * with IEEE overflow to infinity. */
-    uint32_t bits = f32_bits(f);
-    uint32_t sign = (bits >> 16) & 0x8000u;
-    uint32_t a = bits & 0x7FFFFFFFu;
-    if (a > 0x7F800000u) return (uint16_t)(sign | 0x7E00u | ((a >> 13) & 0x3FFu));
-    int32_t E = (int32_t)(a >> 23);
-    uint32_t M = (a & 0x7FFFFFu) | (E ? 0x800000u : 0u);
-    int32_t e = (E ? E : 1) - 127;
-    int32_t sub = -14 - e > 0 ? -14 - e : 0;
-    uint32_t shift = (uint32_t)(13 + sub);
-    if (shift > 25) shift = 25;
-    uint32_t q = M >> shift;
-    uint32_t rem = M & ((1u << shift) - 1u);
-    uint32_t half = 1u << (shift - 1);
-    q += (rem > half) | ((rem == half) & (q & 1u));
-    int32_t ee = e > -14 ? e : -14;
-    uint32_t code = ((uint32_t)(ee + 14) << 10) + q;
-    if (code >= 0x7C00u) code = 0x7C00u;
-    return (uint16_t)(code | sign);
-}
+uint16_t fp8mix_f32_to_f16_ref(float f) { return fp8r_f32_to_f16(f); }
 
 /* ---- Philox4x32-10 ------------------------------------------------------- */
 

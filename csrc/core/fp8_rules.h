@@ -1,7 +1,7 @@
 /*
  * fp8_rules.h — the FP8 number rules as integer code, ONE copy for the C core
- * and the CUDA kernels: format parameters, the encoder, Philox4x32-10, and the
- * scale from an amax.  Plain C11 that nvcc also compiles as host+device code
+ * and the CUDA kernels: format parameters, the encoder, float32 to bf16/f16,
+ * Philox4x32-10, and the scale from an amax.  Plain C11 that nvcc also compiles as host+device code
  * (FP8R_FN), so the CPU oracle and the GPU kernels cannot drift apart.
  *
  * No fast-math: the only float operations are the ones fp8mix.h defines (one
@@ -146,6 +146,40 @@ FP8R_FN uint8_t fp8_encode(const fp8_params *p, float y, uint32_t r)
     uint32_t code = ((uint32_t)(ee + p->bias - 1) << p->mbits) + q;
     if (code > p->max_code) code = p->ovf_code;
     return (uint8_t)(code | sign);
+}
+
+/* ---- float32 to bfloat16 / float16 (round to nearest even, NaN kept quiet) ---- */
+
+FP8R_FN uint16_t fp8r_f32_to_bf16(float f)
+{
+    uint32_t u = f32_bits(f);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x40u); /* quiet NaN */
+    u += 0x7FFFu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* The same significand-shift scheme as the FP8 encoder (mbits 10, bias 15), with IEEE
+ * overflow to infinity. */
+FP8R_FN uint16_t fp8r_f32_to_f16(float f)
+{
+    uint32_t bits = f32_bits(f);
+    uint32_t sign = (bits >> 16) & 0x8000u;
+    uint32_t a = bits & 0x7FFFFFFFu;
+    if (a > 0x7F800000u) return (uint16_t)(sign | 0x7E00u | ((a >> 13) & 0x3FFu));
+    int32_t E = (int32_t)(a >> 23);
+    uint32_t M = (a & 0x7FFFFFu) | (E ? 0x800000u : 0u);
+    int32_t e = (E ? E : 1) - 127;
+    int32_t sub = -14 - e > 0 ? -14 - e : 0;
+    uint32_t shift = (uint32_t)(13 + sub);
+    if (shift > 25) shift = 25;
+    uint32_t q = M >> shift;
+    uint32_t rem = M & ((1u << shift) - 1u);
+    uint32_t half = 1u << (shift - 1);
+    q += (rem > half) | ((rem == half) & (q & 1u));
+    int32_t ee = e > -14 ? e : -14;
+    uint32_t code = ((uint32_t)(ee + 14) << 10) + q;
+    if (code >= 0x7C00u) code = 0x7C00u;
+    return (uint16_t)(code | sign);
 }
 
 /* ---- Philox4x32-10 (Salmon et al., SC'11; Random123 / cuRAND constants) ---- */

@@ -84,35 +84,8 @@ __device__ __forceinline__ float f16_to_f32(uint16_t h)
     return bits_f32(sign | ((e + 112u) << 23) | (m << 13));
 }
 
-__device__ __forceinline__ uint16_t f32_to_bf16(float f)
-{
-    uint32_t u = f32_bits(f);
-    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x40u);
-    u += 0x7FFFu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-__device__ __forceinline__ uint16_t f32_to_f16(float f)
-{
-    uint32_t bits = f32_bits(f);
-    uint32_t sign = (bits >> 16) & 0x8000u;
-    uint32_t a = bits & 0x7FFFFFFFu;
-    if (a > 0x7F800000u) return (uint16_t)(sign | 0x7E00u | ((a >> 13) & 0x3FFu));
-    int32_t E = (int32_t)(a >> 23);
-    uint32_t M = (a & 0x7FFFFFu) | (E ? 0x800000u : 0u);
-    int32_t e = (E ? E : 1) - 127;
-    int32_t sub = -14 - e > 0 ? -14 - e : 0;
-    uint32_t shift = (uint32_t)(13 + sub);
-    if (shift > 25) shift = 25;
-    uint32_t q = M >> shift;
-    uint32_t rem = M & ((1u << shift) - 1u);
-    uint32_t half = 1u << (shift - 1);
-    q += (rem > half) | ((rem == half) & (q & 1u));
-    int32_t ee = e > -14 ? e : -14;
-    uint32_t code = ((uint32_t)(ee + 14) << 10) + q;
-    if (code >= 0x7C00u) code = 0x7C00u;
-    return (uint16_t)(code | sign);
-}
+__device__ __forceinline__ uint16_t f32_to_bf16(float f) { return fp8r_f32_to_bf16(f); }
+__device__ __forceinline__ uint16_t f32_to_f16(float f) { return fp8r_f32_to_f16(f); }
 
 /* Store float32 v as element i of a row of type t (rounded as the C core does). */
 __device__ __forceinline__ void store_hp(void *row, fp8mix_dtype t, int64_t i, float v)
