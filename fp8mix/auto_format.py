@@ -66,14 +66,15 @@ class AutoFormat:
             raise ValueError(f"AutoFormat.range_tolerance must be in [0, 1), got {t!r}")
 
 
-def evaluate(x2: torch.Tensor, granularity: int, margin: int, power_2_scale: bool):
-    """Cast x2 (2-D) as E4M3 and as E5M2 with current scales; their QuantStats."""
+def evaluate(x2: torch.Tensor, granularity: int, margin: int, power_2_scale: bool, tolerance: float):
+    """Cast x2 (2-D) as E4M3 and as E5M2 with current scales, measure both with
+    quant_stats, and return prefer()'s (Format, reason). The amax comes from the casts."""
     out = []
     for fmt in CODES:
-        q, _, sinv, _ = ops.quantize_current(x2, fp8_dtype(fmt), granularity, margin, power_2_scale, 0.0, True,
-                                             False, 0, 0, True, False)
+        q, _, sinv, am = ops.quantize_current(x2, fp8_dtype(fmt), granularity, margin, power_2_scale, 0.0, True,
+                                              False, 0, 0, True, False)
         out.append(stats_from_counts(ops.quant_stats(x2, q, sinv, granularity)))
-    return out
+    return prefer(out[0], out[1], tolerance, float(am.max()) if am.numel() else 0.0)
 
 
 def _range_binades(s: QuantStats, amax: float) -> float:

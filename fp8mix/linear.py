@@ -167,8 +167,7 @@ def _observe_grad(dy2, gq, g_sinv, gran: int, plan: _Plan) -> None:
                             scale=None, amax=None)
     if plan.auto_use >= 0:
         r = plan.recipe
-        s4, s5 = auto_format.evaluate(dy2, gran, r.margin, r.power_2_scale)
-        plan.auto_choice = auto_format.prefer(s4, s5, r.auto.range_tolerance, float(dy2.abs().amax()))
+        plan.auto_choice = auto_format.evaluate(dy2, gran, r.margin, r.power_2_scale, r.auto.range_tolerance)
 
 
 class _FP8LinearFn(torch.autograd.Function):
@@ -377,9 +376,8 @@ class Linear(nn.Linear):
             if evaluate:
                 gran = _BLOCK2D if (role == _WEIGHT and isinstance(recipe, BlockScaling)) else (
                     _BLOCK if isinstance(recipe, BlockScaling) else _TENSOR)
-                s4, s5 = auto_format.evaluate(t, gran, recipe.margin, recipe.power_2_scale)
-                self._auto_vote(role, use, auto_format.prefer(s4, s5, recipe.auto.range_tolerance,
-                                                              float(t.abs().amax())), recipe)
+                self._auto_vote(role, use, auto_format.evaluate(t, gran, recipe.margin, recipe.power_2_scale,
+                                                                recipe.auto.range_tolerance), recipe)
         if not wants_grad:
             return -1
         st = self._auto_state[_GRAD]
