@@ -4,6 +4,7 @@ Bit-exact E4M3/E5M2 casting with scaling and amax tracking, in C kernels that
 run on any CPU (SIMD chosen at run time) and, where built, on NVIDIA GPUs.
 """
 from . import optim
+from ._version import __version__
 from . import recipe
 from .autocast import autocast, fp8_autocast, is_fp8_enabled
 from .convert import convert_model
@@ -16,7 +17,6 @@ from .ops import cpu_isa, set_max_isa
 from .quantize import amax, cast_transpose, dequantize, quantize
 from .tensor import Float8Tensor
 
-__version__ = "0.1.0"
 
 __all__ = [
     "Format", "Float8Tensor", "FP8GradScaler", "Linear", "Monitor", "convert_model", "fp8_autocast", "autocast", "is_fp8_enabled", "optim", "recipe", "quantize", "dequantize", "amax", "cast_transpose",
