@@ -156,6 +156,7 @@ at::Tensor scale_arg(const at::Tensor &s, int64_t expect, const char *op, const 
 fp8mix_cast_opts make_opts(fp8mix_format fmt, bool saturate, bool stochastic, int64_t seed, int64_t offset)
 {
     fp8mix_cast_opts o;
+    o.inf_to_nan = 0;
     o.fmt = fmt;
     o.saturate = saturate ? 1 : 0;
     o.rounding = stochastic ? FP8MIX_ROUND_STOCHASTIC : FP8MIX_ROUND_NEAREST;

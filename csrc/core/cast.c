@@ -37,7 +37,10 @@ void fp8mix_cast_seg_scalar(const void *x, fp8mix_dtype xt, int64_t n, float sca
             float v = load_f32(x, xt, i0 + t);
             uint32_t a = f32_bits(v) & 0x7FFFFFFFu;
             if (a > m) m = a;
-            if (q) q[i0 + t] = fp8_encode(p, v * scale, p->stochastic ? r[t] : 0);
+            if (!q) continue;
+            uint8_t c = fp8_encode(p, v * scale, p->stochastic ? r[t] : 0);
+            if (p->inf_to_nan && a == 0x7F800000u) c = (uint8_t)(p->nan_code | (c & 0x80u));
+            q[i0 + t] = c;
         }
     }
     *amax = m;
@@ -261,7 +264,7 @@ static fp8mix_status amax_bits(const void *x, fp8mix_dtype xt, int64_t rows, int
     for (int64_t t = 0; t < n; t++) atomic_init(&bits[t], 0u);
     cast_job J;
     job_init(&J, x, xt, rows, cols, ld_x, gran);
-    fp8mix_cast_opts o = {FP8MIX_E4M3, 1, FP8MIX_ROUND_NEAREST, 0, 0};
+    fp8mix_cast_opts o = {FP8MIX_E4M3, 1, FP8MIX_ROUND_NEAREST, 0, 0, 0};
     fp8_params_init(&J.p, &o);
     J.amax = bits;
     J.amax_only = 1;

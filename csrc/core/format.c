@@ -21,7 +21,7 @@ float fp8mix_format_max(fp8mix_format fmt)
 uint8_t fp8mix_encode_ref(float y, fp8mix_format fmt, int saturate,
                           fp8mix_rounding rounding, uint32_t r)
 {
-    fp8mix_cast_opts o = {fmt, saturate, rounding, 0, 0};
+    fp8mix_cast_opts o = {fmt, saturate, rounding, 0, 0, 0};
     fp8_params p;
     if (fp8_params_init(&p, &o) != FP8MIX_OK) return 0;
     return fp8_encode(&p, y, r);

@@ -76,6 +76,7 @@ typedef struct fp8_params {
     uint32_t nan_code;   /* 0x7F or 0x7E */
     int stochastic;
     int saturate;
+    int inf_to_nan;      /* an infinite input gives nan_code (see fp8mix_cast_opts) */
     fp8mix_format fmt;
 } fp8_params;
 
@@ -86,6 +87,7 @@ FP8R_FN fp8mix_status fp8_params_init(fp8_params *p, const fp8mix_cast_opts *o)
         return FP8MIX_ERR_BAD_ENUM;
     p->stochastic = o->rounding == FP8MIX_ROUND_STOCHASTIC;
     p->saturate = o->saturate ? 1 : 0;
+    p->inf_to_nan = o->inf_to_nan ? 1 : 0;
     p->fmt = o->fmt;
     switch (o->fmt) {
     case FP8MIX_E4M3:

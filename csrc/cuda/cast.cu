@@ -629,7 +629,7 @@ static fp8mix_status launch_amax(const void *x, fp8mix_dtype xt, int64_t rows, i
 #undef FP8MIX_LAUNCH_A
         return check_launch("fp8mix_cuda_amax (amax_tensor_kernel)");
     }
-    fp8mix_cast_opts o = {FP8MIX_E4M3, 1, FP8MIX_ROUND_NEAREST, 0, 0};
+    fp8mix_cast_opts o = {FP8MIX_E4M3, 1, FP8MIX_ROUND_NEAREST, 0, 0, 0};
     Fp8Params p;
     params_init(&p, &o);
     GroupArgs GA;

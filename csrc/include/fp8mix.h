@@ -145,6 +145,15 @@ typedef struct fp8mix_cast_opts {
     fp8mix_rounding rounding;
     uint64_t seed;           /* stochastic rounding only */
     uint64_t offset;         /* stochastic rounding only */
+    int inf_to_nan;          /* nonzero: an infinite INPUT x gives the format's
+                                NaN (sign kept) whatever `saturate` says, while
+                                finite overflow still follows `saturate`.  Lets
+                                a saturating cast keep a non-finite tensor
+                                non-finite (fp8mix.Linear uses it so that an inf
+                                in x, W or dy makes the GEMM's output NaN, as a
+                                high-precision layer's would be, with no host
+                                check).  Zero-initialised callers keep the plain
+                                rules above. */
 } fp8mix_cast_opts;
 
 /* ---- format facts and scalar reference --------------------------------- */

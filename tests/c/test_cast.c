@@ -93,10 +93,10 @@ static void test_simd_sweep(void)
     const float scales[] = {1.0f, 0.3f * 7.0f, 1.0f / 1024.0f};
     long mismatches = 0;
     for (int f = 0; f < 2; f++)
-        for (int sat = 0; sat < 2; sat++)
+        for (int sat = 0; sat < 3; sat++) /* 2: saturating with inf_to_nan */
             for (int sr = 0; sr < 2; sr++) {
-                fp8mix_cast_opts o = {(fp8mix_format)f, sat, sr ? FP8MIX_ROUND_STOCHASTIC : FP8MIX_ROUND_NEAREST,
-                                      42, 0};
+                fp8mix_cast_opts o = {(fp8mix_format)f, sat > 0, sr ? FP8MIX_ROUND_STOCHASTIC : FP8MIX_ROUND_NEAREST,
+                                      42, 0, sat == 2};
                 fp8_params p;
                 fp8_params_init(&p, &o);
                 for (int si = 0; si < 3; si++) {
@@ -119,7 +119,7 @@ static void test_simd_sweep(void)
     CHECK(mismatches == 0, "%ld chunks differ between SIMD and scalar", mismatches);
     /* the scalar segment kernel agrees with fp8mix_encode_ref element by element */
     for (int64_t i = 0; i < CH; i++) xs[i] = (uint32_t)(i * 65537u + 12345u);
-    fp8mix_cast_opts o = {FP8MIX_E4M3, 1, FP8MIX_ROUND_STOCHASTIC, 99, 0};
+    fp8mix_cast_opts o = {FP8MIX_E4M3, 1, FP8MIX_ROUND_STOCHASTIC, 99, 0, 0};
     fp8_params p;
     fp8_params_init(&p, &o);
     uint32_t am = 0;
@@ -137,6 +137,43 @@ static void test_simd_sweep(void)
     free(got);
 }
 
+/* inf_to_nan: an infinite input gives NaN (sign kept) on every ISA and for
+ * every rounding, while a finite value whose PRODUCT overflows still saturates,
+ * and NaN stays NaN.  Expected bytes written from the header's rules. */
+static void test_inf_to_nan(void)
+{
+    enum { N = 37 }; /* not a multiple of any vector width: tails too */
+    const float big = 3.0e38f;
+    float x[N];
+    for (int i = 0; i < N; i++) x[i] = (float)(i % 5) - 2.0f;
+    x[0] = INFINITY; x[5] = -INFINITY; x[9] = NAN; x[17] = big; x[18] = -big; x[33] = INFINITY; x[36] = -INFINITY;
+    for (int f = 0; f < 2; f++)
+        for (int sr = 0; sr < 2; sr++) {
+            const uint8_t nan = f == 0 ? 0x7F : 0x7E, mx = f == 0 ? 0x7E : 0x7B;
+            fp8mix_cast_opts o = {(fp8mix_format)f, 1, sr ? FP8MIX_ROUND_STOCHASTIC : FP8MIX_ROUND_NEAREST, 5, 0, 1};
+            fp8_params p;
+            fp8_params_init(&p, &o);
+            for (size_t k = 0; k < sizeof ISAS / sizeof ISAS[0] + 1; k++) {
+                fp8mix_isa isa = k == 0 ? FP8MIX_ISA_SCALAR : ISAS[k - 1];
+                if (fp8mix_cpu_isa() < isa) continue;
+                uint8_t q[N];
+                uint32_t am = 0;
+                run_seg(isa, x, FP8MIX_F32, N, 10.0f, q, &am, &p, 5, 0); /* 10 * 3e38 overflows float32 */
+                CHECK(q[0] == nan && q[33] == nan, "%s: +inf -> 0x%02x/0x%02x", fp8mix_isa_name(isa), q[0], q[33]);
+                CHECK(q[5] == (nan | 0x80) && q[36] == (nan | 0x80), "%s: -inf -> 0x%02x", fp8mix_isa_name(isa), q[5]);
+                CHECK((q[9] & 0x7F) == nan, "%s: NaN -> 0x%02x", fp8mix_isa_name(isa), q[9]);
+                CHECK(q[17] == mx && q[18] == (mx | 0x80), "%s: finite overflow -> 0x%02x/0x%02x (saturate)",
+                      fp8mix_isa_name(isa), q[17], q[18]);
+                o.inf_to_nan = 0;
+                fp8_params_init(&p, &o);
+                run_seg(isa, x, FP8MIX_F32, N, 10.0f, q, &am, &p, 5, 0);
+                CHECK(q[0] == mx && q[5] == (mx | 0x80), "%s: without inf_to_nan, inf saturates", fp8mix_isa_name(isa));
+                o.inf_to_nan = 1;
+                fp8_params_init(&p, &o);
+            }
+        }
+}
+
 static void test_half_inputs(void)
 {
     uint16_t *h = malloc(65536 * 2);
@@ -146,7 +183,7 @@ static void test_half_inputs(void)
     for (int t = 1; t <= 2; t++)
         for (int f = 0; f < 2; f++)
             for (int sr = 0; sr < 2; sr++) {
-                fp8mix_cast_opts o = {(fp8mix_format)f, 1, sr ? FP8MIX_ROUND_STOCHASTIC : FP8MIX_ROUND_NEAREST, 3, 0};
+                fp8mix_cast_opts o = {(fp8mix_format)f, 1, sr ? FP8MIX_ROUND_STOCHASTIC : FP8MIX_ROUND_NEAREST, 3, 0, 0};
                 fp8_params p;
                 fp8_params_init(&p, &o);
                 uint32_t am_ref = 0;
@@ -202,7 +239,7 @@ static void test_entry_points(void)
     for (int g = 0; g < 4; g++) {
         int64_t ns = fp8mix_scale_count(grans[g], R, C);
         for (int64_t t = 0; t < ns; t++) scales[t] = 0.5f + (float)t * 0.01f;
-        fp8mix_cast_opts o = {FP8MIX_E4M3, 1, FP8MIX_ROUND_NEAREST, 0, 0};
+        fp8mix_cast_opts o = {FP8MIX_E4M3, 1, FP8MIX_ROUND_NEAREST, 0, 0, 0};
         float am = 0;
         CHECK(fp8mix_cast(x, FP8MIX_F32, R, C, LD, grans[g], scales, q, C, qt, R, &am, &o) == FP8MIX_OK, "cast");
         CHECK(am == 1234.5f, "amax %g", am);
@@ -237,7 +274,7 @@ static void test_entry_points(void)
         for (int64_t t = 0; t < ns; t++) bad += am_c[t] != am_g[t];
         CHECK(bad == 0, "amax gran %d", g);
         fp8mix_compute_scale(am_g, ns, FP8MIX_E5M2, 1, 1, 0.0f, sc, inv);
-        fp8mix_cast_opts o2 = {FP8MIX_E5M2, 1, FP8MIX_ROUND_STOCHASTIC, 5, 64};
+        fp8mix_cast_opts o2 = {FP8MIX_E5M2, 1, FP8MIX_ROUND_STOCHASTIC, 5, 64, 0};
         CHECK(fp8mix_cast(x, FP8MIX_F32, R, C, LD, grans[g], sc, q, C, NULL, 0, NULL, &o2) == FP8MIX_OK, "c");
         CHECK(fp8mix_quantize_current(x, FP8MIX_F32, R, C, LD, grans[g], 1, 1, 0.0f, q2, C, NULL, 0, inv_c,
                                       am_c, &o2) == FP8MIX_OK, "qc");
@@ -266,7 +303,7 @@ static void test_entry_points(void)
     fp8mix_amax(y, FP8MIX_F32, 0, 3, 3, FP8MIX_GRAN_TENSOR, &am);
     CHECK(am == 0.0f, "empty amax 0");
     /* bad arguments */
-    fp8mix_cast_opts o = {FP8MIX_E4M3, 1, FP8MIX_ROUND_NEAREST, 0, 0};
+    fp8mix_cast_opts o = {FP8MIX_E4M3, 1, FP8MIX_ROUND_NEAREST, 0, 0, 0};
     float bads[] = {0.0f, -1.0f, NAN, INFINITY};
     for (int i = 0; i < 4; i++)
         CHECK(fp8mix_cast(x, FP8MIX_F32, 2, 2, 2, FP8MIX_GRAN_TENSOR, &bads[i], q, 2, NULL, 0, NULL, &o) ==
@@ -320,6 +357,7 @@ int main(void)
     test_philox();
     test_encode_ref();
     test_simd_sweep();
+    test_inf_to_nan();
     test_half_inputs();
     test_entry_points();
     test_compute_scale();

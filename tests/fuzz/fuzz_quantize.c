@@ -104,7 +104,7 @@ static void mode_quantize(fz *f)
     }
     uint8_t k4 = fz_u8(f);
     fp8mix_cast_opts o = {(fp8mix_format)((k4 & 15) == 15 ? 3 : (k4 & 1)), (int)((k4 >> 1) & 1),
-                          (fp8mix_rounding)((k4 >> 2) & 1), 0, 0};
+                          (fp8mix_rounding)((k4 >> 2) & 1), 0, 0, (k4 >> 3) & 1};
     o.seed = fz_u64(f);
     o.offset = fz_u64(f);
     int want_sinv = (k4 >> 4) & 1, want_amax = (k4 >> 5) & 1, x_null = (k4 >> 6) == 3;
@@ -447,7 +447,7 @@ static void mode_hostile(fz *f)
     } else if (which == 1) { /* quantize_current: q uses ld_b */
         const void *x = fits_a ? a : NULL;
         uint8_t *q = fits_b || bad_b ? b : NULL;
-        fp8mix_cast_opts o = {FP8MIX_E4M3, 1, FP8MIX_ROUND_NEAREST, 0, 0};
+        fp8mix_cast_opts o = {FP8MIX_E4M3, 1, FP8MIX_ROUND_NEAREST, 0, 0, 0};
         exp_shape(&e, rows, cols, ld_a, 0);
         if (q) exp_shape(&e, rows, cols, ld_b, 0);
         if (!x && nonempty) exp_must(&e, FP8MIX_ERR_NULL_POINTER);

@@ -135,7 +135,14 @@ void fp8mix_cast_seg_avx2(const void *x, fp8mix_dtype xt, int64_t n, float scale
             r = _mm256_loadu_si256((const __m256i *)(rbuf + (i & 63)));
         }
         __m256 y = _mm256_mul_ps(v, s);
-        store8_bytes(q + i, sr ? encode8(&c, y, 1, r) : encode8_rne(&c, y));
+        __m256i code = sr ? encode8(&c, y, 1, r) : encode8_rne(&c, y);
+        if (p->inf_to_nan) { /* infinite x: NaN with x's sign (the sign bit is code's bit 7) */
+            __m256i inf = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(v), absmask),
+                                             _mm256_set1_epi32(0x7F800000));
+            __m256i nan = _mm256_or_si256(c.nan_code, _mm256_and_si256(code, _mm256_set1_epi32(0x80)));
+            code = _mm256_blendv_epi8(code, nan, inf);
+        }
+        store8_bytes(q + i, code);
     }
     uint32_t lanes[8];
     _mm256_storeu_si256((__m256i *)lanes, m);

@@ -131,6 +131,12 @@ void fp8mix_cast_seg_avx512(const void *x, fp8mix_dtype xt, int64_t n, float sca
         }
         __m512 y = _mm512_mul_ps(v, s);
         __m512i code = sr ? encode16(&c, y, 1, r) : encode16_rne(&c, y);
+        if (p->inf_to_nan) { /* infinite x: NaN with x's sign (the sign bit is code's bit 7) */
+            __mmask16 inf = _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_castps_si512(v), absmask),
+                                                    _mm512_set1_epi32(0x7F800000));
+            __m512i nan = _mm512_or_si512(c.nan_code, _mm512_and_si512(code, _mm512_set1_epi32(0x80)));
+            code = _mm512_mask_mov_epi32(code, inf, nan);
+        }
         _mm_mask_storeu_epi8(q + i, k, _mm512_cvtepi32_epi8(code));
     }
     uint32_t mm = _mm512_reduce_max_epu32(m);
