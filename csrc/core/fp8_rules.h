@@ -233,4 +233,29 @@ FP8R_FN float fp8r_scale_from_amax(float a, float fmax, int margin, int pow2, fl
     return s;
 }
 
+/* ---- delayed scaling: the rules of one record (fp8mix_delayed_record) ------ */
+
+/* The value a history stores for an amax: a non-finite amax (an overflowing step,
+ * which a gradient scaler skips) counts as 0, "no information", so that it cannot
+ * freeze the scale for the length of the history.  -0 becomes +0. */
+FP8R_FN float fp8r_history_value(float amax)
+{
+    uint32_t a = f32_bits(amax) & 0x7FFFFFFFu;
+    return a >= 0x7F800000u ? 0.0f : bits_f32(a);
+}
+
+/* The role's scale after a record.  `steps` counts the records including this
+ * one, `first` is the value just recorded, `a` the history's max (or newest
+ * entry) after it.  The first record scales from its own amax (a role's first
+ * use has no history); after that the scale is recomputed every `interval`
+ * records.  An amax of 0 keeps the previous scale. */
+FP8R_FN float fp8r_delayed_scale(float old, int64_t steps, float first, float a, int64_t interval, float fmax,
+                                 int margin, int pow2)
+{
+    float s = old;
+    if (steps == 1 && first > 0.0f) s = fp8r_scale_from_amax(first, fmax, margin, pow2, 0.0f);
+    if (steps % interval == 0 && a > 0.0f) s = fp8r_scale_from_amax(a, fmax, margin, pow2, 0.0f);
+    return s;
+}
+
 #endif /* FP8MIX_FP8_RULES_H */

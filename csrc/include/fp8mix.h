@@ -353,6 +353,128 @@ typedef struct fp8mix_gemm_args {
  * kind, promote_interval < 0). */
 fp8mix_status fp8mix_gemm(const fp8mix_gemm_args *args);
 
+/* ---- per-tensor recipes: delayed-scaling state and a linear layer's casts ---
+ *
+ * A module's delayed-scaling state holds R tensor roles ("columns"; a linear
+ * layer has three: input, weight, grad_output):
+ *   history  capacity x R float32, row-major, history[k * R + r]; row 0 is
+ *            the newest amax of role r.  Only the first history_len rows are
+ *            in use (history_len <= capacity), so one buffer serves every
+ *            recipe length up to its capacity.
+ *   scale    R float32: the scale the next cast of each role uses.
+ *   steps    R int64: amaxes recorded per role; 0 means the role was never
+ *            used, and its first cast scales from the tensor itself.
+ * Backward passes do not record: each leaves the amax of its gradient in a
+ * slot of a ring of K pending values (float32, -1 = empty; a forward reserves
+ * a slot for its backward, several backwards of one forward keep the max), and
+ * the next forward records the filled slots, oldest first (fp8mix_delayed_flush).
+ * Every entry point below touches role `role`'s column only and is serial
+ * (the state is tiny).  Errors: NULL_POINTER, BAD_SHAPE (role outside
+ * [0, R), capacity/history_len/slots < 1, history_len > capacity), BAD_ENUM
+ * (format, algo), BAD_ARG (margin outside [0, 126], interval < 1), BAD_SCALE. */
+
+typedef enum fp8mix_amax_algo {
+    FP8MIX_AMAX_MAX = 0,        /* the max of the history rows in use */
+    FP8MIX_AMAX_MOST_RECENT = 1 /* row 0 */
+} fp8mix_amax_algo;
+
+typedef struct fp8mix_delayed_state {
+    float *history;
+    int64_t capacity;  /* rows allocated */
+    int64_t roles;     /* R */
+    float *scale;      /* R */
+    int64_t *steps;    /* R */
+} fp8mix_delayed_state;
+
+typedef struct fp8mix_delayed_recipe {
+    int64_t history_len;   /* rows in use, 1 <= history_len <= capacity */
+    fp8mix_amax_algo algo;
+    int margin;            /* scale = fmt_max / amax / 2^margin */
+    int pow2;              /* nonzero: power-of-two scales (fp8mix_compute_scale) */
+    int64_t interval;      /* recompute the scale every `interval` records */
+} fp8mix_delayed_recipe;
+
+/* Record `amax` for role (fmt: the role's encoding, whose max the scale uses):
+ *   v = amax if finite, else 0 ("no information": an overflowing step cannot
+ *       freeze the scale for the length of the history);
+ *   rows [0, history_len) of the column move down one row (the last is
+ *   dropped) and row 0 = v; steps += 1;
+ *   on the role's first record (steps becomes 1) and v > 0: scale = s(v);
+ *   then, if steps % interval == 0 and a > 0: scale = s(a), with a the max of
+ *   rows [0, history_len) (FP8MIX_AMAX_MAX) or row 0 (MOST_RECENT) and s the
+ *   rule of fp8mix_compute_scale (margin, pow2, epsilon 0).  Otherwise the
+ *   scale is kept (an amax of 0 keeps the previous scale). */
+fp8mix_status fp8mix_delayed_record(const fp8mix_delayed_state *st, int64_t role,
+                                    fp8mix_format fmt,
+                                    const fp8mix_delayed_recipe *r, float amax);
+
+/* Recompute role's scale from its history for format fmt (a = as above; kept
+ * when a is 0), without recording: used when Format.AUTO switches a role's
+ * format, since the history is in units of the tensor. */
+fp8mix_status fp8mix_delayed_rescale(const fp8mix_delayed_state *st, int64_t role,
+                                     fp8mix_format fmt,
+                                     const fp8mix_delayed_recipe *r);
+
+/* What a forward does for the gradient role before it runs:
+ *   if record: every slot of pending[0..slots) with a value >= 0 is recorded
+ *   (fp8mix_delayed_record), in ring order starting at *next_slot (the
+ *   oldest), and set back to -1;
+ *   plan[0] = scale[role], plan[1] = 1 if steps[role] == 0 else 0: the scale
+ *   this forward's backward casts its gradient with (1: current scaling, the
+ *   role's first use);
+ *   if reserve (record must be set): *reserved = *next_slot and *next_slot
+ *   advances by one modulo slots; the backward keeps its amax there.  With
+ *   more forwards in flight than slots, two share a slot and their amaxes
+ *   merge (max): none is dropped.
+ * reserved may be NULL unless reserve. */
+fp8mix_status fp8mix_delayed_flush(const fp8mix_delayed_state *st, int64_t role,
+                                   fp8mix_format fmt,
+                                   const fp8mix_delayed_recipe *r, float *pending,
+                                   int64_t slots, int64_t *next_slot, int record,
+                                   int reserve, float plan[2], int64_t *reserved);
+
+/* A forward tensor's delayed-scaling cast (x as in fp8mix_cast, one
+ * per-tensor scale):
+ *   s = scale[role], or on the role's first use (steps[role] == 0)
+ *       s = fp8mix_compute_scale(a0) with a0 = *fresh_amax if given (e.g. an
+ *       amax already all-reduced over ranks), else amax(x) (one more read);
+ *   q, qt = fp8mix_cast(x, s, opts), whose amax is a;
+ *   scales[0] = s, scales[1] = 1 / s;  *amax = a (amax may be NULL);
+ *   if record: fp8mix_delayed_record(role, a).
+ * opts->fmt is the role's format.  Nothing is written on error. */
+fp8mix_status fp8mix_cast_delayed(const void *x, fp8mix_dtype xt, int64_t rows,
+                                  int64_t cols, int64_t ld_x, uint8_t *q,
+                                  int64_t ld_q, uint8_t *qt, int64_t ld_qt,
+                                  const fp8mix_delayed_state *st, int64_t role,
+                                  const fp8mix_delayed_recipe *r,
+                                  const float *fresh_amax, int record,
+                                  const fp8mix_cast_opts *opts, float scales[2],
+                                  float *amax);
+
+/* A gradient's cast for a per-tensor recipe (dy rows x cols as in fp8mix_cast):
+ *   s = plan[0] if plan is given and plan[1] == 0 (delayed scaling, from
+ *       fp8mix_delayed_flush), else current scaling:
+ *       fp8mix_compute_scale(amax(dy), margin, pow2, amax_epsilon);
+ *   q, qt = fp8mix_cast(dy, s, opts), whose amax is a;  *scale_inv = 1 / s;
+ *   *amax = a (may be NULL);
+ *   if pending_slot: *pending_slot = max(*pending_slot, v), v as in
+ *       fp8mix_delayed_record (so an empty slot, -1, becomes v);
+ *   if colsum (cols floats): colsum[j] = sum over rows of dy[i][j] in float32,
+ *       rows added in order 0, 1, ... (the bias gradient; the same bits for
+ *       every thread count and ISA).
+ * Errors as fp8mix_cast, BAD_SCALE for a plan scale that is not finite and
+ * > 0, BAD_ARG for margin / epsilon. */
+fp8mix_status fp8mix_cast_grad(const void *dy, fp8mix_dtype xt, int64_t rows,
+                               int64_t cols, int64_t ld, uint8_t *q, int64_t ld_q,
+                               uint8_t *qt, int64_t ld_qt, const float plan[2],
+                               int margin, int pow2, float amax_epsilon,
+                               float *pending_slot, const fp8mix_cast_opts *opts,
+                               float *scale_inv, float *amax, float *colsum);
+
+/* Entries of the scale array of granularity gran for a rows x cols tensor
+ * (see "Scale granularities"); -1 for an unknown granularity. */
+int64_t fp8mix_scale_count(fp8mix_granularity gran, int64_t rows, int64_t cols);
+
 /* ---- runtime ----------------------------------------------------------- */
 
 typedef enum fp8mix_isa {

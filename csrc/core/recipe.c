@@ -1,0 +1,186 @@
+/*
+ * recipe.c — the per-tensor recipes' state and casts for a linear layer:
+ * delayed scaling's amax history (record, rescale, the pending gradient
+ * amaxes a forward flushes), the delayed forward cast, and the gradient cast
+ * (delayed or current scaling) with the bias gradient's column sums.
+ *
+ * These run once per tensor role and step, so they are serial over the state;
+ * the work over tensors goes to fp8mix_cast / fp8mix_amax (threaded, SIMD).
+ * The number rules (history value, scale after a record) are fp8_rules.h's,
+ * shared with the CUDA kernels.  Block scaling needs no state: it is
+ * fp8mix_quantize_current.
+ */
+#include <math.h>
+#include <stdlib.h>
+
+#include "internal.h"
+
+/* ---- checks ----------------------------------------------------------------- */
+
+static fp8mix_status check_state(const fp8mix_delayed_state *st, int64_t role, fp8mix_format fmt,
+                                 const fp8mix_delayed_recipe *r)
+{
+    if (!st || !r || !st->history || !st->scale || !st->steps) return FP8MIX_ERR_NULL_POINTER;
+    if (fp8mix_format_max(fmt) == 0.0f || (r->algo != FP8MIX_AMAX_MAX && r->algo != FP8MIX_AMAX_MOST_RECENT))
+        return FP8MIX_ERR_BAD_ENUM;
+    if (st->roles < 1 || role < 0 || role >= st->roles || st->capacity < 1 || r->history_len < 1 ||
+        r->history_len > st->capacity || st->capacity > INT64_MAX / st->roles)
+        return FP8MIX_ERR_BAD_SHAPE;
+    if (r->margin < 0 || r->margin > 126 || r->interval < 1) return FP8MIX_ERR_BAD_ARG;
+    return FP8MIX_OK;
+}
+
+static int scale_ok(float s)
+{
+    uint32_t a = f32_bits(s);
+    return !(a >> 31) && a != 0 && (a & 0x7F800000u) != 0x7F800000u;
+}
+
+/* ---- history ------------------------------------------------------------------- */
+
+/* max of rows [0, L) (MAX) or row 0 (MOST_RECENT) of the role's column. */
+static float history_amax(const fp8mix_delayed_state *st, int64_t role, const fp8mix_delayed_recipe *r)
+{
+    const float *h = st->history + role;
+    if (r->algo == FP8MIX_AMAX_MOST_RECENT) return h[0];
+    float a = 0.0f;
+    for (int64_t k = 0; k < r->history_len; k++)
+        if (h[k * st->roles] > a) a = h[k * st->roles]; /* NaN from a foreign checkpoint: skipped */
+    return a;
+}
+
+/* The record itself, arguments checked. */
+static void record(const fp8mix_delayed_state *st, int64_t role, fp8mix_format fmt,
+                   const fp8mix_delayed_recipe *r, float amax)
+{
+    const float v = fp8r_history_value(amax);
+    float *h = st->history + role;
+    for (int64_t k = r->history_len - 1; k > 0; k--) h[k * st->roles] = h[(k - 1) * st->roles];
+    h[0] = v;
+    const int64_t steps = ++st->steps[role];
+    st->scale[role] = fp8r_delayed_scale(st->scale[role], steps, v, history_amax(st, role, r), r->interval,
+                                         fp8mix_format_max(fmt), r->margin, r->pow2);
+}
+
+fp8mix_status fp8mix_delayed_record(const fp8mix_delayed_state *st, int64_t role, fp8mix_format fmt,
+                                    const fp8mix_delayed_recipe *r, float amax)
+{
+    fp8mix_status s = check_state(st, role, fmt, r);
+    if (s) return s;
+    record(st, role, fmt, r, amax);
+    return FP8MIX_OK;
+}
+
+fp8mix_status fp8mix_delayed_rescale(const fp8mix_delayed_state *st, int64_t role, fp8mix_format fmt,
+                                     const fp8mix_delayed_recipe *r)
+{
+    fp8mix_status s = check_state(st, role, fmt, r);
+    if (s) return s;
+    float a = history_amax(st, role, r);
+    if (a > 0.0f && isfinite(a))
+        st->scale[role] = fp8r_scale_from_amax(a, fp8mix_format_max(fmt), r->margin, r->pow2, 0.0f);
+    return FP8MIX_OK;
+}
+
+fp8mix_status fp8mix_delayed_flush(const fp8mix_delayed_state *st, int64_t role, fp8mix_format fmt,
+                                   const fp8mix_delayed_recipe *r, float *pending, int64_t slots,
+                                   int64_t *next_slot, int record_, int reserve, float plan[2], int64_t *reserved)
+{
+    fp8mix_status s = check_state(st, role, fmt, r);
+    if (s) return s;
+    if (!pending || !next_slot || !plan || (reserve && !reserved)) return FP8MIX_ERR_NULL_POINTER;
+    if (slots < 1) return FP8MIX_ERR_BAD_SHAPE;
+    if (reserve && !record_) return FP8MIX_ERR_BAD_ARG;
+    int64_t head = *next_slot;
+    if (head < 0 || head >= slots) head = 0; /* a foreign or corrupted checkpoint: restart the ring */
+    if (record_)
+        for (int64_t t = 0; t < slots; t++) {
+            float *p = &pending[(head + t) % slots];
+            if (*p >= 0.0f) { /* filled by a backward (NaN never is: the grad cast stores finite values) */
+                record(st, role, fmt, r, *p);
+                *p = -1.0f;
+            }
+        }
+    plan[0] = st->scale[role];
+    plan[1] = st->steps[role] == 0 ? 1.0f : 0.0f;
+    if (reserve) {
+        *reserved = head;
+        *next_slot = (head + 1) % slots;
+    }
+    return FP8MIX_OK;
+}
+
+/* ---- casts --------------------------------------------------------------------- */
+
+fp8mix_status fp8mix_cast_delayed(const void *x, fp8mix_dtype xt, int64_t rows, int64_t cols, int64_t ld_x,
+                                  uint8_t *q, int64_t ld_q, uint8_t *qt, int64_t ld_qt,
+                                  const fp8mix_delayed_state *st, int64_t role, const fp8mix_delayed_recipe *r,
+                                  const float *fresh_amax, int record_, const fp8mix_cast_opts *opts,
+                                  float scales[2], float *amax)
+{
+    if (!opts || !scales) return FP8MIX_ERR_NULL_POINTER;
+    fp8mix_status s = check_state(st, role, opts->fmt, r);
+    if (s) return s;
+    float sc = st->scale[role];
+    if (st->steps[role] == 0) { /* first use: no history yet, scale from the tensor */
+        float a0;
+        if (fresh_amax) a0 = *fresh_amax;
+        else if ((s = fp8mix_amax(x, xt, rows, cols, ld_x, FP8MIX_GRAN_TENSOR, &a0))) return s;
+        sc = fp8r_scale_from_amax(a0, fp8mix_format_max(opts->fmt), r->margin, r->pow2, 0.0f);
+    }
+    float a = 0.0f;
+    if ((s = fp8mix_cast(x, xt, rows, cols, ld_x, FP8MIX_GRAN_TENSOR, &sc, q, ld_q, qt, ld_qt, &a, opts)))
+        return s;
+    scales[0] = sc;
+    scales[1] = 1.0f / sc;
+    if (amax) *amax = a;
+    if (record_) record(st, role, opts->fmt, r, a);
+    return FP8MIX_OK;
+}
+
+/* colsum[j] = sum_i x[i][j], rows in order; vectorisable over j. */
+static void column_sums(const void *x, fp8mix_dtype xt, int64_t rows, int64_t cols, int64_t ld, float *colsum)
+{
+    for (int64_t j = 0; j < cols; j++) colsum[j] = 0.0f;
+    const size_t es = dtype_size(xt);
+    for (int64_t i = 0; i < rows; i++) {
+        const uint8_t *row = (const uint8_t *)x + (size_t)i * (size_t)ld * es;
+        if (xt == FP8MIX_F32) {
+            const float *rf = (const float *)row;
+            for (int64_t j = 0; j < cols; j++) colsum[j] += rf[j];
+        } else {
+            for (int64_t j = 0; j < cols; j++) colsum[j] += load_f32(row, xt, j);
+        }
+    }
+}
+
+fp8mix_status fp8mix_cast_grad(const void *dy, fp8mix_dtype xt, int64_t rows, int64_t cols, int64_t ld,
+                               uint8_t *q, int64_t ld_q, uint8_t *qt, int64_t ld_qt, const float plan[2],
+                               int margin, int pow2, float amax_epsilon, float *pending_slot,
+                               const fp8mix_cast_opts *opts, float *scale_inv, float *amax, float *colsum)
+{
+    if (!opts || !scale_inv) return FP8MIX_ERR_NULL_POINTER;
+    float probe = 0.0f, sc;
+    fp8mix_status s = fp8mix_compute_scale(&probe, 1, opts->fmt, margin, pow2, amax_epsilon, NULL, NULL);
+    if (s) return s;
+    if (colsum && cols > 0 && rows > 0 && !dy) return FP8MIX_ERR_NULL_POINTER;
+    if (plan && plan[1] == 0.0f) {
+        if (!scale_ok(plan[0])) return FP8MIX_ERR_BAD_SCALE;
+        sc = plan[0];
+    } else {
+        float a0;
+        if ((s = fp8mix_amax(dy, xt, rows, cols, ld, FP8MIX_GRAN_TENSOR, &a0))) return s;
+        sc = fp8r_scale_from_amax(a0, fp8mix_format_max(opts->fmt), margin, pow2, amax_epsilon);
+    }
+    float a = 0.0f;
+    if ((s = fp8mix_cast(dy, xt, rows, cols, ld, FP8MIX_GRAN_TENSOR, &sc, q, ld_q, qt, ld_qt, &a, opts)))
+        return s;
+    *scale_inv = 1.0f / sc;
+    if (amax) *amax = a;
+    if (pending_slot) {
+        float v = fp8r_history_value(a);
+        if (!(*pending_slot >= v)) *pending_slot = v; /* an empty slot (-1) or a smaller amax */
+    }
+    if (colsum) column_sums(dy, xt, rows, cols, ld, colsum);
+    return FP8MIX_OK;
+}
