@@ -1,6 +1,7 @@
 // torch_ops.cpp — the one C++ file: the fp8mix::* operator schemas, their CPU
 // implementations (tensor checks, then a call into the C API), and the empty
-// fp8mix._C module.  Fake (meta) implementations live in fp8mix/ops.py.
+// fp8mix._C module.  Fake (meta) implementations and the typed Python wrappers
+// live in fp8mix/ops.py; policy (which op, which scale) lives in Python and C.
 //
 // Tensors are viewed as 2-D (numel / last_dim, last_dim) with inner stride 1;
 // anything else is made contiguous first.  C status codes become Python
@@ -35,6 +36,8 @@ extern "C" PyObject *PyInit__C(void)
 
 namespace {
 
+// ---- checks shared by every device ------------------------------------------------
+
 void check_status(fp8mix_status st, const char *op, const char *what = nullptr)
 {
     if (st == FP8MIX_OK) return;
@@ -48,29 +51,19 @@ void check_status(fp8mix_status st, const char *op, const char *what = nullptr)
 
 void sync_threads() { fp8mix_set_num_threads(at::get_num_threads()); }
 
-fp8mix_dtype hp_dtype(const at::Tensor &t, const char *op, const char *name)
-{
-    switch (t.scalar_type()) {
-    case at::kFloat: return FP8MIX_F32;
-    case at::kBFloat16: return FP8MIX_BF16;
-    case at::kHalf: return FP8MIX_F16;
-    default:
-        TORCH_CHECK_TYPE(false, "fp8mix.", op, ": ", name, " must be float32, bfloat16 or float16, got ",
-                         t.scalar_type());
-    }
-    return FP8MIX_F32;
-}
-
-fp8mix_dtype hp_dtype(at::ScalarType s, const char *op)
+fp8mix_dtype hp_dtype(at::ScalarType s, const char *op, const char *name)
 {
     switch (s) {
     case at::kFloat: return FP8MIX_F32;
     case at::kBFloat16: return FP8MIX_BF16;
     case at::kHalf: return FP8MIX_F16;
-    default: TORCH_CHECK_TYPE(false, "fp8mix.", op, ": output dtype must be float32, bfloat16 or float16, got ", s);
+    default:
+        TORCH_CHECK_TYPE(false, "fp8mix.", op, ": ", name, " must be float32, bfloat16 or float16, got ", s);
     }
     return FP8MIX_F32;
 }
+fp8mix_dtype hp_dtype(const at::Tensor &t, const char *op, const char *name) { return hp_dtype(t.scalar_type(), op, name); }
+fp8mix_dtype hp_dtype(at::ScalarType s, const char *op) { return hp_dtype(s, op, "output dtype"); }
 
 fp8mix_format fp8_format(at::ScalarType s, const char *op)
 {
@@ -85,6 +78,21 @@ fp8mix_granularity granularity(int64_t g, const char *op)
     TORCH_CHECK_VALUE(g >= 0 && g <= 3, "fp8mix.", op, ": granularity must be 0 (tensor), 1 (row), ",
                       "2 (1x128 block) or 3 (128x128 block), got ", g);
     return (fp8mix_granularity)g;
+}
+
+// Every tensor of one call on the data's device (else the dispatcher would have
+// picked one kernel for all of them).
+void check_on(const at::Tensor &t, const at::Device &dev, const char *op, const char *name)
+{
+    TORCH_CHECK_VALUE(t.device() == dev, "fp8mix.", op, ": ", name, " is on ", t.device(), " but the data is on ",
+                      dev, dev.is_cpu() ? " (this kernel runs on the CPU; was the CUDA build not installed?)"
+                                        : " (all tensors of one call must be on the same device)");
+}
+
+void check_margin_eps(const char *op, int64_t margin, double eps)
+{
+    TORCH_CHECK_VALUE(margin >= 0 && margin <= 126, "fp8mix.", op, ": margin must be in [0, 126], got ", margin);
+    TORCH_CHECK_VALUE(eps >= 0.0 && std::isfinite(eps), "fp8mix.", op, ": amax_epsilon must be finite and >= 0");
 }
 
 struct View2D {
@@ -113,21 +121,7 @@ View2D view2d(const at::Tensor &t)
 // Leading dimension of a dense row of n elements (>= 1 even for empty rows).
 inline int64_t ld_of(int64_t n) { return n > 0 ? n : 1; }
 
-void check_cpu(const at::Tensor &t, const char *op, const char *name)
-{
-    TORCH_CHECK_VALUE(t.device().is_cpu(), "fp8mix.", op, ": ", name, " is on ", t.device(),
-                      " but this kernel runs on the CPU (was the CUDA build not installed?)");
-}
-
-int64_t scale_count(fp8mix_granularity g, int64_t rows, int64_t cols)
-{
-    switch (g) {
-    case FP8MIX_GRAN_TENSOR: return 1;
-    case FP8MIX_GRAN_ROW: return rows;
-    case FP8MIX_GRAN_BLOCK: return rows * ((cols + 127) / 128);
-    default: return ((rows + 127) / 128) * ((cols + 127) / 128);
-    }
-}
+int64_t scale_count(fp8mix_granularity g, int64_t rows, int64_t cols) { return fp8mix_scale_count(g, rows, cols); }
 
 // The shape a per-granularity scale/amax tensor of x takes.
 std::vector<int64_t> scale_shape(const at::Tensor &x, fp8mix_granularity g, int64_t rows, int64_t cols)
@@ -143,26 +137,48 @@ std::vector<int64_t> scale_shape(const at::Tensor &x, fp8mix_granularity g, int6
     }
 }
 
-at::Tensor scale_arg(const at::Tensor &s, int64_t expect, const char *op, const char *name)
+at::Tensor scale_arg(const at::Tensor &s, int64_t expect, const at::Device &dev, const char *op, const char *name)
 {
     TORCH_CHECK_TYPE(s.scalar_type() == at::kFloat, "fp8mix.", op, ": ", name, " must be float32, got ",
                      s.scalar_type());
-    check_cpu(s, op, name);
+    check_on(s, dev, op, name);
     TORCH_CHECK_VALUE(s.numel() == expect, "fp8mix.", op, ": ", name, " has ", s.numel(),
                       " elements but this granularity needs ", expect, " (shape ", s.sizes(), ")");
     return s.contiguous();
 }
 
-fp8mix_cast_opts make_opts(fp8mix_format fmt, bool saturate, bool stochastic, int64_t seed, int64_t offset)
+fp8mix_cast_opts make_opts(fp8mix_format fmt, bool saturate, bool stochastic, int64_t seed, int64_t offset,
+                           bool inf_to_nan = false)
 {
     fp8mix_cast_opts o;
-    o.inf_to_nan = 0;
+    std::memset(&o, 0, sizeof o);
     o.fmt = fmt;
     o.saturate = saturate ? 1 : 0;
     o.rounding = stochastic ? FP8MIX_ROUND_STOCHASTIC : FP8MIX_ROUND_NEAREST;
     o.seed = (uint64_t)seed;
     o.offset = (uint64_t)offset;
+    o.inf_to_nan = inf_to_nan ? 1 : 0;
     return o;
+}
+
+// A stochastic-rounding stream kept in a tensor: int64 [key, offset] on the CPU
+// (fp8mix's layers keep it in their fp8_rng buffer, so no Python int is traced).
+// The cast uses words from offset + skip on.
+void apply_rng(fp8mix_cast_opts &o, const c10::optional<at::Tensor> &rng, int64_t skip, const char *op)
+{
+    if (!rng.has_value() || !rng->defined()) return;
+    const at::Tensor &r = *rng;
+    TORCH_CHECK_TYPE(r.scalar_type() == at::kLong, "fp8mix.", op, ": rng must be int64 [key, offset], got ",
+                     r.scalar_type());
+    TORCH_CHECK_VALUE(r.numel() == 2 && r.is_contiguous(), "fp8mix.", op, ": rng must hold 2 int64 values "
+                      "[key, offset], got shape ", r.sizes());
+    TORCH_CHECK_VALUE(r.device().is_cpu(), "fp8mix.", op, ": rng is on ", r.device(), "; this build reads "
+                      "stochastic-rounding streams from CPU tensors");
+    TORCH_CHECK_VALUE(skip >= 0, "fp8mix.", op, ": rng_skip must be >= 0");
+    const int64_t *p = r.data_ptr<int64_t>();
+    o.rounding = FP8MIX_ROUND_STOCHASTIC;
+    o.seed = (uint64_t)p[0];
+    o.offset = (uint64_t)p[1] + (uint64_t)skip;
 }
 
 // What every cast op does before its kernel, on any device (device checks are the
@@ -178,7 +194,8 @@ struct CastPrep {
 };
 
 CastPrep prepare_cast(const char *op, const at::Tensor &x, at::ScalarType fp8_dtype, int64_t gran, bool saturate,
-                      bool stochastic, int64_t seed, int64_t offset, bool want_q, bool transpose)
+                      bool stochastic, int64_t seed, int64_t offset, bool want_q, bool transpose,
+                      bool inf_to_nan = false)
 {
     CastPrep c;
     c.xt = hp_dtype(x, op, "x");
@@ -189,26 +206,27 @@ CastPrep prepare_cast(const char *op, const at::Tensor &x, at::ScalarType fp8_dt
     c.q = at::empty(want_q ? x.sizes() : at::IntArrayRef{0}, x.options().dtype(fp8_dtype));
     c.qt = at::empty(transpose ? std::vector<int64_t>{c.v.cols, c.v.rows} : std::vector<int64_t>{0},
                      x.options().dtype(fp8_dtype));
-    c.o = make_opts(fmt, saturate, stochastic, seed, offset);
+    c.o = make_opts(fmt, saturate, stochastic, seed, offset, inf_to_nan);
     return c;
 }
 
-void check_margin_eps(const char *op, int64_t margin, double eps)
-{
-    TORCH_CHECK_VALUE(margin >= 0 && margin <= 126, "fp8mix.", op, ": margin must be in [0, 126], got ", margin);
-    TORCH_CHECK_VALUE(eps >= 0.0 && std::isfinite(eps), "fp8mix.", op, ": amax_epsilon must be finite and >= 0");
-}
+// ---- CPU: casts, amax, scales ------------------------------------------------------
+
+const at::Device kCPU(at::kCPU);
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> cast_cpu(const at::Tensor &x, const at::Tensor &scale,
                                                         at::ScalarType fp8_dtype, int64_t gran, bool saturate,
                                                         bool stochastic, int64_t seed, int64_t offset,
-                                                        bool want_q, bool transpose)
+                                                        bool want_q, bool transpose, bool inf_to_nan,
+                                                        const c10::optional<at::Tensor> &rng, int64_t rng_skip)
 {
     const char *op = "cast";
-    check_cpu(x, op, "x");
-    CastPrep c = prepare_cast(op, x, fp8_dtype, gran, saturate, stochastic, seed, offset, want_q, transpose);
+    check_on(x, kCPU, op, "x");
+    CastPrep c = prepare_cast(op, x, fp8_dtype, gran, saturate, stochastic, seed, offset, want_q, transpose,
+                              inf_to_nan);
+    apply_rng(c.o, rng, rng_skip, op);
     const View2D &v = c.v;
-    at::Tensor s = scale_arg(scale, scale_count(c.g, v.rows, v.cols), op, "scale");
+    at::Tensor s = scale_arg(scale, scale_count(c.g, v.rows, v.cols), kCPU, op, "scale");
     at::Tensor amax = at::empty({}, x.options().dtype(at::kFloat));
     sync_threads();
     check_status(fp8mix_cast(v.t.data_ptr(), c.xt, v.rows, v.cols, v.ld, c.g, s.data_ptr<float>(), c.q_ptr(),
@@ -220,12 +238,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cast_cpu(const at::Tensor &x, con
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 quantize_current_cpu(const at::Tensor &x, at::ScalarType fp8_dtype, int64_t gran, int64_t margin, bool pow2,
                      double eps, bool saturate, bool stochastic, int64_t seed, int64_t offset, bool want_q,
-                     bool transpose)
+                     bool transpose, bool inf_to_nan, const c10::optional<at::Tensor> &rng, int64_t rng_skip)
 {
     const char *op = "quantize";
-    check_cpu(x, op, "x");
+    check_on(x, kCPU, op, "x");
     check_margin_eps(op, margin, eps);
-    CastPrep c = prepare_cast(op, x, fp8_dtype, gran, saturate, stochastic, seed, offset, want_q, transpose);
+    CastPrep c = prepare_cast(op, x, fp8_dtype, gran, saturate, stochastic, seed, offset, want_q, transpose,
+                              inf_to_nan);
+    apply_rng(c.o, rng, rng_skip, op);
     const View2D &v = c.v;
     auto sshape = scale_shape(x, c.g, v.rows, v.cols);
     at::Tensor sinv = at::ones(sshape, x.options().dtype(at::kFloat));
@@ -241,7 +261,7 @@ quantize_current_cpu(const at::Tensor &x, at::ScalarType fp8_dtype, int64_t gran
 at::Tensor amax_cpu(const at::Tensor &x, int64_t gran)
 {
     const char *op = "amax";
-    check_cpu(x, op, "x");
+    check_on(x, kCPU, op, "x");
     fp8mix_dtype xt = hp_dtype(x, op, "x");
     fp8mix_granularity g = granularity(gran, op);
     View2D v = view2d(x);
@@ -255,10 +275,9 @@ std::tuple<at::Tensor, at::Tensor> compute_scale_cpu(const at::Tensor &amax, at:
                                                      int64_t margin, bool pow2, double eps)
 {
     const char *op = "compute_scale";
-    check_cpu(amax, op, "amax");
+    check_on(amax, kCPU, op, "amax");
     TORCH_CHECK_TYPE(amax.scalar_type() == at::kFloat, "fp8mix.compute_scale: amax must be float32");
-    TORCH_CHECK_VALUE(margin >= 0 && margin <= 126, "fp8mix.compute_scale: margin must be in [0, 126], got ",
-                      margin);
+    check_margin_eps(op, margin, eps);
     at::Tensor a = amax.contiguous();
     at::Tensor s = at::empty_like(a), si = at::empty_like(a);
     check_status(fp8mix_compute_scale(a.data_ptr<float>(), a.numel(), fp8_format(fp8_dtype, op), (int)margin,
@@ -271,15 +290,15 @@ std::tuple<at::Tensor, at::Tensor> compute_scale_cpu(const at::Tensor &amax, at:
 at::Tensor quant_stats_cpu(const at::Tensor &x, const at::Tensor &q, const at::Tensor &scale_inv, int64_t gran)
 {
     const char *op = "quant_stats";
-    check_cpu(x, op, "x");
-    check_cpu(q, op, "q");
+    check_on(x, kCPU, op, "x");
+    check_on(q, kCPU, op, "q");
     fp8mix_dtype xt = hp_dtype(x, op, "x");
     fp8mix_format fmt = fp8_format(q.scalar_type(), op);
     fp8mix_granularity g = granularity(gran, op);
     TORCH_CHECK_VALUE(x.sizes() == q.sizes(), "fp8mix.", op, ": x has shape ", x.sizes(), " but q has shape ",
                       q.sizes());
     View2D vx = view2d(x), vq = view2d(q);
-    at::Tensor s = scale_arg(scale_inv, scale_count(g, vx.rows, vx.cols), op, "scale_inv");
+    at::Tensor s = scale_arg(scale_inv, scale_count(g, vx.rows, vx.cols), kCPU, op, "scale_inv");
     at::Tensor out = at::empty({FP8MIX_STATS_N}, x.options().dtype(at::kDouble));
     sync_threads();
     check_status(fp8mix_quant_stats(vx.t.data_ptr(), xt, vx.rows, vx.cols, vx.ld, (const uint8_t *)vq.t.data_ptr(),
@@ -291,12 +310,12 @@ at::Tensor quant_stats_cpu(const at::Tensor &x, const at::Tensor &q, const at::T
 at::Tensor dequantize_cpu(const at::Tensor &q, const at::Tensor &scale_inv, int64_t gran, at::ScalarType out_dtype)
 {
     const char *op = "dequantize";
-    check_cpu(q, op, "q");
+    check_on(q, kCPU, op, "q");
     fp8mix_format fmt = fp8_format(q.scalar_type(), op);
     fp8mix_dtype ot = hp_dtype(out_dtype, op);
     fp8mix_granularity g = granularity(gran, op);
     View2D v = view2d(q);
-    at::Tensor s = scale_arg(scale_inv, scale_count(g, v.rows, v.cols), op, "scale_inv");
+    at::Tensor s = scale_arg(scale_inv, scale_count(g, v.rows, v.cols), kCPU, op, "scale_inv");
     at::Tensor out = at::empty(q.sizes(), q.options().dtype(out_dtype));
     sync_threads();
     check_status(fp8mix_dequantize((const uint8_t *)v.t.data_ptr(), fmt, v.rows, v.cols, v.ld, g,
@@ -304,6 +323,176 @@ at::Tensor dequantize_cpu(const at::Tensor &q, const at::Tensor &scale_inv, int6
                  op, "scale_inv must be finite and > 0");
     return out;
 }
+
+// ---- CPU: the per-tensor recipes' state and casts (csrc/core/recipe.c) -------------
+
+// A module's delayed-scaling buffers: history (capacity, R) float32, scale (R)
+// float32, steps (R) int64, all contiguous on the CPU (they are fp8mix's own
+// buffers, updated in place).
+struct Delayed {
+    fp8mix_delayed_state st;
+    fp8mix_delayed_recipe r;
+};
+
+void check_state_tensor(const at::Tensor &t, at::ScalarType dt, int64_t dim, const char *op, const char *name)
+{
+    TORCH_CHECK_TYPE(t.scalar_type() == dt, "fp8mix.", op, ": ", name, " must be ", dt, ", got ", t.scalar_type());
+    TORCH_CHECK_VALUE(t.dim() == dim && t.is_contiguous(), "fp8mix.", op, ": ", name, " must be a contiguous ",
+                      dim, "-D tensor, got shape ", t.sizes());
+    check_on(t, kCPU, op, name);
+}
+
+fp8mix_amax_algo amax_algo(c10::string_view algo, const char *op)
+{
+    TORCH_CHECK_VALUE(algo == "max" || algo == "most_recent", "fp8mix.", op,
+                      ": amax_compute_algo must be 'max' or 'most_recent', got '", std::string(algo), "'");
+    return algo == "max" ? FP8MIX_AMAX_MAX : FP8MIX_AMAX_MOST_RECENT;
+}
+
+Delayed delayed_args(const at::Tensor &hist, const at::Tensor &scale, const at::Tensor &steps, int64_t history_len,
+                     int64_t margin, bool pow2, c10::string_view algo, int64_t interval, const char *op)
+{
+    check_state_tensor(hist, at::kFloat, 2, op, "amax_history");
+    check_state_tensor(scale, at::kFloat, 1, op, "scale");
+    check_state_tensor(steps, at::kLong, 1, op, "steps");
+    const int64_t R = hist.size(1);
+    TORCH_CHECK_VALUE(scale.size(0) == R && steps.size(0) == R, "fp8mix.", op, ": amax_history has ", R,
+                      " roles but scale has ", scale.size(0), " and steps ", steps.size(0));
+    TORCH_CHECK_VALUE(history_len >= 1 && history_len <= hist.size(0), "fp8mix.", op, ": history_len ", history_len,
+                      " must be in [1, ", hist.size(0), "] (the history buffer's rows)");
+    TORCH_CHECK_VALUE(interval >= 1, "fp8mix.", op, ": interval must be >= 1, got ", interval);
+    check_margin_eps(op, margin, 0.0);
+    Delayed d;
+    d.st.history = hist.data_ptr<float>();
+    d.st.capacity = hist.size(0);
+    d.st.roles = R;
+    d.st.scale = scale.data_ptr<float>();
+    d.st.steps = steps.data_ptr<int64_t>();
+    d.r.history_len = history_len;
+    d.r.algo = amax_algo(algo, op);
+    d.r.margin = (int)margin;
+    d.r.pow2 = pow2 ? 1 : 0;
+    d.r.interval = interval;
+    return d;
+}
+
+void check_role(int64_t role, const Delayed &d, const char *op)
+{
+    TORCH_CHECK_VALUE(role >= 0 && role < d.st.roles, "fp8mix.", op, ": role ", role, " outside [0, ", d.st.roles,
+                      ")");
+}
+
+const float *scalar_f32(const c10::optional<at::Tensor> &t, const char *op, const char *name, int64_t n = 1)
+{
+    if (!t.has_value() || !t->defined()) return nullptr;
+    TORCH_CHECK_TYPE(t->scalar_type() == at::kFloat, "fp8mix.", op, ": ", name, " must be float32");
+    TORCH_CHECK_VALUE(t->numel() == n && t->is_contiguous(), "fp8mix.", op, ": ", name, " must hold ", n,
+                      " contiguous value(s), got shape ", t->sizes());
+    check_on(*t, kCPU, op, name);
+    return t->data_ptr<float>();
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+delayed_cast_cpu(const at::Tensor &x, const at::Tensor &hist, const at::Tensor &scale, const at::Tensor &steps,
+                 int64_t role, int64_t history_len, at::ScalarType fp8_dtype, int64_t margin, bool pow2,
+                 c10::string_view algo, int64_t interval, bool record, bool transpose, bool inf_to_nan,
+                 const c10::optional<at::Tensor> &fresh_amax, const c10::optional<at::Tensor> &rng, int64_t rng_skip)
+{
+    const char *op = "delayed_cast";
+    check_on(x, kCPU, op, "x");
+    Delayed d = delayed_args(hist, scale, steps, history_len, margin, pow2, algo, interval, op);
+    check_role(role, d, op);
+    const float *fa = scalar_f32(fresh_amax, op, "fresh_amax");
+    CastPrep c = prepare_cast(op, x, fp8_dtype, FP8MIX_GRAN_TENSOR, true, false, 0, 0, true, transpose, inf_to_nan);
+    apply_rng(c.o, rng, rng_skip, op);
+    at::Tensor scales = at::empty({2}, x.options().dtype(at::kFloat));
+    at::Tensor amax = at::empty({}, x.options().dtype(at::kFloat));
+    sync_threads();
+    const View2D &v = c.v;
+    check_status(fp8mix_cast_delayed(v.t.data_ptr(), c.xt, v.rows, v.cols, v.ld, c.q_ptr(), ld_of(v.cols), c.qt_ptr(),
+                                     ld_of(v.rows), &d.st, role, &d.r, fa, record ? 1 : 0, &c.o,
+                                     scales.data_ptr<float>(), amax.data_ptr<float>()),
+                 op);
+    return {c.q, c.qt, scales, amax};
+}
+
+void delayed_record_cpu(const at::Tensor &hist, const at::Tensor &scale, const at::Tensor &steps, int64_t role,
+                        int64_t history_len, const at::Tensor &amax, at::ScalarType fp8_dtype, int64_t margin,
+                        bool pow2, c10::string_view algo, int64_t interval, bool rescale_only)
+{
+    const char *op = "delayed_record";
+    Delayed d = delayed_args(hist, scale, steps, history_len, margin, pow2, algo, interval, op);
+    check_role(role, d, op);
+    const fp8mix_format fmt = fp8_format(fp8_dtype, op);
+    if (rescale_only) {
+        check_status(fp8mix_delayed_rescale(&d.st, role, fmt, &d.r), op);
+        return;
+    }
+    const float *a = scalar_f32(amax, op, "amax");
+    check_status(fp8mix_delayed_record(&d.st, role, fmt, &d.r, *a), op);
+}
+
+std::tuple<at::Tensor, at::Tensor>
+delayed_flush_cpu(const at::Tensor &hist, const at::Tensor &scale, const at::Tensor &steps, const at::Tensor &pending,
+                  const at::Tensor &next_slot, int64_t role, int64_t history_len, at::ScalarType fp8_dtype,
+                  int64_t margin, bool pow2, c10::string_view algo, int64_t interval, bool record, bool reserve)
+{
+    const char *op = "delayed_flush";
+    Delayed d = delayed_args(hist, scale, steps, history_len, margin, pow2, algo, interval, op);
+    check_role(role, d, op);
+    check_state_tensor(pending, at::kFloat, 1, op, "pending");
+    check_state_tensor(next_slot, at::kLong, 0, op, "next_slot");
+    TORCH_CHECK_VALUE(pending.numel() >= 1, "fp8mix.", op, ": pending needs at least one slot");
+    TORCH_CHECK_VALUE(record || !reserve, "fp8mix.", op, ": reserve needs record");
+    at::Tensor plan = at::empty({2}, hist.options());
+    at::Tensor slot = at::zeros({}, steps.options());
+    check_status(fp8mix_delayed_flush(&d.st, role, fp8_format(fp8_dtype, op), &d.r, pending.data_ptr<float>(),
+                                      pending.numel(), next_slot.data_ptr<int64_t>(), record ? 1 : 0,
+                                      reserve ? 1 : 0, plan.data_ptr<float>(), slot.data_ptr<int64_t>()),
+                 op);
+    return {plan, slot};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+grad_cast_cpu(const at::Tensor &dy, at::ScalarType fp8_dtype, const c10::optional<at::Tensor> &plan,
+              const c10::optional<at::Tensor> &pending, const c10::optional<at::Tensor> &slot, int64_t margin,
+              bool pow2, double eps, bool transpose, bool colsum, bool inf_to_nan,
+              const c10::optional<at::Tensor> &rng, int64_t rng_skip)
+{
+    const char *op = "grad_cast";
+    check_on(dy, kCPU, op, "dy");
+    check_margin_eps(op, margin, eps);
+    const float *pl = scalar_f32(plan, op, "plan", 2);
+    float *pend_slot = nullptr;
+    const bool has_pending = pending.has_value() && pending->defined();
+    TORCH_CHECK_VALUE(has_pending == (slot.has_value() && slot->defined()), "fp8mix.", op,
+                      ": pending and slot go together");
+    if (has_pending) {
+        check_state_tensor(*pending, at::kFloat, 1, op, "pending");
+        TORCH_CHECK_TYPE(slot->scalar_type() == at::kLong && slot->numel() == 1, "fp8mix.", op,
+                         ": slot must be one int64");
+        check_on(*slot, kCPU, op, "slot");
+        const int64_t k = slot->item<int64_t>();
+        TORCH_CHECK_VALUE(k >= 0 && k < pending->numel(), "fp8mix.", op, ": slot ", k, " outside [0, ",
+                          pending->numel(), ")");
+        pend_slot = pending->data_ptr<float>() + k;
+    }
+    CastPrep c = prepare_cast(op, dy, fp8_dtype, FP8MIX_GRAN_TENSOR, true, false, 0, 0, true, transpose, inf_to_nan);
+    apply_rng(c.o, rng, rng_skip, op);
+    const View2D &v = c.v;
+    at::Tensor sinv = at::empty({}, dy.options().dtype(at::kFloat));
+    at::Tensor amax = at::empty({}, dy.options().dtype(at::kFloat));
+    at::Tensor cs = at::empty({colsum ? v.cols : 0}, dy.options().dtype(at::kFloat));
+    sync_threads();
+    check_status(fp8mix_cast_grad(v.t.data_ptr(), c.xt, v.rows, v.cols, v.ld, c.q_ptr(), ld_of(v.cols), c.qt_ptr(),
+                                  ld_of(v.rows), pl, (int)margin, pow2 ? 1 : 0, (float)eps, pend_slot, &c.o,
+                                  sinv.data_ptr<float>(), amax.data_ptr<float>(),
+                                  colsum ? cs.data_ptr<float>() : nullptr),
+                 op, "the plan's scale must be finite and > 0");
+    return {c.q, c.qt, sinv, amax, cs};
+}
+
+// ---- CPU: the scaled GEMM ------------------------------------------------------------
 
 // b's layout for the C GEMM: column-major (K, N) is the transposed row-major
 // weight torch._scaled_mm wants; row-major (K, N) is accepted too.
@@ -323,17 +512,29 @@ BView b_view(const at::Tensor &b)
     return {b.contiguous(), FP8MIX_B_KN, N > 0 ? N : 1};
 }
 
-fp8mix_mm_scale mm_scale_kind(const at::Tensor &s, int64_t outer, int64_t blocks_k, int64_t blocks_outer,
-                              bool is_a, bool block_mode)
+// The scale layout of one GEMM operand: given explicitly (kind >= 0, fp8mix_mm_scale)
+// by fp8mix's Python layer, which knows it; inferred from the shape otherwise.
+fp8mix_mm_scale mm_scale_kind(const at::Tensor &s, int64_t kind, int64_t outer, int64_t blocks_k,
+                              int64_t blocks_outer, bool is_a, bool block_mode, const at::Device &dev)
 {
     const char *name = is_a ? "scale_a" : "scale_b";
     TORCH_CHECK_TYPE(s.scalar_type() == at::kFloat, "fp8mix.scaled_mm: ", name, " must be float32, got ",
                      s.scalar_type());
-    check_cpu(s, "scaled_mm", name);
+    check_on(s, dev, "scaled_mm", name);
+    const int64_t want_outer = outer;
+    const bool tensor = s.numel() == 1 && s.dim() <= 2;
+    const bool outer_ok = s.dim() == 2 && (is_a ? (s.size(0) == want_outer && s.size(1) == 1)
+                                                : (s.size(0) == 1 && s.size(1) == want_outer));
+    if (kind >= 0) {
+        TORCH_CHECK_VALUE(kind <= 2, "fp8mix.scaled_mm: scale_kind must be 0 (tensor), 1 (row/column) or 2 (block)");
+        const bool ok = kind == FP8MIX_MM_SCALE_TENSOR ? tensor : kind == FP8MIX_MM_SCALE_OUTER ? outer_ok : block_mode;
+        TORCH_CHECK_VALUE(ok, "fp8mix.scaled_mm: ", name, " has shape ", s.sizes(), ", which is not the layout of ",
+                          kind == 0 ? "a per-tensor scale" : kind == 1 ? "per-row/column scales" : "block scales");
+        return (fp8mix_mm_scale)kind;
+    }
     if (block_mode) return FP8MIX_MM_SCALE_BLOCK;
-    if (s.numel() == 1 && s.dim() <= 2) return FP8MIX_MM_SCALE_TENSOR;
-    if (s.dim() == 2 && (is_a ? (s.size(0) == outer && s.size(1) == 1) : (s.size(0) == 1 && s.size(1) == outer)))
-        return FP8MIX_MM_SCALE_OUTER;
+    if (tensor) return FP8MIX_MM_SCALE_TENSOR;
+    if (outer_ok) return FP8MIX_MM_SCALE_OUTER;
     TORCH_CHECK_VALUE(false, "fp8mix.scaled_mm: ", name, " has shape ", s.sizes(), "; expected a single value, ",
                       is_a ? "(M, 1) per row, or (M, ceil(K/128)) per 1x128 block"
                            : "(1, N) per column, or (ceil(K/128), ceil(N/128)) per 128x128 block",
@@ -342,14 +543,22 @@ fp8mix_mm_scale mm_scale_kind(const at::Tensor &s, int64_t outer, int64_t blocks
     return FP8MIX_MM_SCALE_TENSOR;
 }
 
+bool is_block_mode(const at::Tensor &sa, const at::Tensor &sb, int64_t M, int64_t kb, int64_t nb, int64_t kind)
+{
+    if (kind >= 0) return kind == FP8MIX_MM_SCALE_BLOCK && sa.dim() == 2 && sb.dim() == 2 && sa.size(0) == M &&
+                          sa.size(1) == kb && sb.size(0) == kb && sb.size(1) == nb;
+    return sa.dim() == 2 && sb.dim() == 2 && sa.size(0) == M && sa.size(1) == kb && sb.size(0) == kb &&
+           sb.size(1) == nb && !(sa.numel() == 1 && sb.numel() == 1);
+}
+
 at::Tensor scaled_mm_cpu(const at::Tensor &a, const at::Tensor &b, const at::Tensor &scale_a,
                          const at::Tensor &scale_b, const c10::optional<at::Tensor> &bias,
                          c10::optional<at::ScalarType> out_dtype, c10::string_view accumulate,
-                         int64_t promote_interval)
+                         int64_t promote_interval, int64_t scale_kind_a, int64_t scale_kind_b)
 {
     const char *op = "scaled_mm";
-    check_cpu(a, op, "a");
-    check_cpu(b, op, "b");
+    check_on(a, kCPU, op, "a");
+    check_on(b, kCPU, op, "b");
     TORCH_CHECK_VALUE(a.dim() == 2 && b.dim() == 2, "fp8mix.scaled_mm: a and b must be 2-D, got ", a.dim(),
                       "-D and ", b.dim(), "-D");
     fp8mix_format fa = fp8_format(a.scalar_type(), op), fb = fp8_format(b.scalar_type(), op);
@@ -361,22 +570,20 @@ at::Tensor scaled_mm_cpu(const at::Tensor &a, const at::Tensor &b, const at::Ten
     TORCH_CHECK_VALUE(accumulate == "fp32" || accumulate == "fp22",
                       "fp8mix.scaled_mm: accumulate must be 'fp32' or 'fp22', got '", std::string(accumulate), "'");
     TORCH_CHECK_VALUE(promote_interval >= 0, "fp8mix.scaled_mm: promote_interval must be >= 0");
+    TORCH_CHECK_VALUE((scale_kind_a < 0) == (scale_kind_b < 0), "fp8mix.scaled_mm: give both scale kinds or none");
     at::Tensor ac = (a.stride(1) == 1 && (M <= 1 || a.stride(0) >= K)) ? a : a.contiguous();
     const int64_t lda = (M > 1 && K > 0) ? ac.stride(0) : (K > 0 ? K : 1);
     BView bv = b_view(b);
     const int64_t kb = (K + 127) / 128, mb = (M + 127) / 128, nb = (N + 127) / 128;
-    (void)mb;
-    bool block_mode = scale_a.dim() == 2 && scale_b.dim() == 2 && scale_a.size(0) == M &&
-                      scale_a.size(1) == kb && scale_b.size(0) == kb && scale_b.size(1) == nb &&
-                      !(scale_a.numel() == 1 && scale_b.numel() == 1);
-    fp8mix_mm_scale ka = mm_scale_kind(scale_a, M, kb, mb, true, block_mode);
-    fp8mix_mm_scale kb_ = mm_scale_kind(scale_b, N, kb, nb, false, block_mode);
+    const bool block_mode = is_block_mode(scale_a, scale_b, M, kb, nb, scale_kind_a);
+    fp8mix_mm_scale ka = mm_scale_kind(scale_a, scale_kind_a, M, kb, mb, true, block_mode, kCPU);
+    fp8mix_mm_scale kb_ = mm_scale_kind(scale_b, scale_kind_b, N, kb, nb, false, block_mode, kCPU);
     at::Tensor sa = scale_a.contiguous(), sb = scale_b.contiguous();
     at::Tensor bias_t;
     fp8mix_dtype bt = FP8MIX_F32;
     if (bias.has_value() && bias->defined()) {
         bias_t = bias->contiguous();
-        check_cpu(bias_t, op, "bias");
+        check_on(bias_t, kCPU, op, "bias");
         bt = hp_dtype(bias_t, op, "bias");
         TORCH_CHECK_VALUE(bias_t.dim() == 1 && bias_t.size(0) == N, "fp8mix.scaled_mm: bias must have shape (",
                           N, "), got ", bias_t.sizes());
@@ -433,17 +640,21 @@ void check_cuda_status(fp8mix_status st, const char *op, const char *what = null
     check_status(st, op, w.empty() ? nullptr : w.c_str());
 }
 
+// Options the CPU kernels have and these CUDA kernels do not yet: refuse loudly
+// rather than compute other bytes than the CPU oracle.
+void cuda_not_yet(const char *op, bool inf_to_nan, const c10::optional<at::Tensor> &rng)
+{
+    TORCH_CHECK_NOT_IMPLEMENTED(!inf_to_nan, "fp8mix.", op, ": inf_to_nan is not implemented on CUDA yet");
+    TORCH_CHECK_NOT_IMPLEMENTED(!(rng.has_value() && rng->defined()), "fp8mix.", op,
+                                ": rng tensors (stochastic-rounding streams) are not implemented on CUDA yet");
+}
+
 void require_cuda(const at::Tensor &t, const char *op, const char *name)
 {
     TORCH_CHECK_VALUE(t.is_cuda(), "fp8mix.", op, ": ", name, " is on ", t.device(),
                       " but the other tensors are on CUDA (move them to one device)");
 }
 
-void check_on(const at::Tensor &t, const at::Device &dev, const char *op, const char *name)
-{
-    TORCH_CHECK_VALUE(t.device() == dev, "fp8mix.", op, ": ", name, " is on ", t.device(), " but x is on ", dev,
-                      " (all tensors of one call must be on the same CUDA device)");
-}
 
 bool scale_checks_enabled()
 {
@@ -465,28 +676,20 @@ struct ScaleFlag {
     }
 };
 
-at::Tensor scale_arg_cuda(const at::Tensor &s, int64_t expect, const at::Device &dev, const char *op,
-                          const char *name)
-{
-    TORCH_CHECK_TYPE(s.scalar_type() == at::kFloat, "fp8mix.", op, ": ", name, " must be float32, got ",
-                     s.scalar_type());
-    check_on(s, dev, op, name);
-    TORCH_CHECK_VALUE(s.numel() == expect, "fp8mix.", op, ": ", name, " has ", s.numel(),
-                      " elements but this granularity needs ", expect, " (shape ", s.sizes(), ")");
-    return s.contiguous();
-}
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> cast_cuda(const at::Tensor &x, const at::Tensor &scale,
                                                          at::ScalarType fp8_dtype, int64_t gran, bool saturate,
                                                          bool stochastic, int64_t seed, int64_t offset,
-                                                         bool want_q, bool transpose)
+                                                         bool want_q, bool transpose, bool inf_to_nan,
+                                                         const c10::optional<at::Tensor> &rng, int64_t rng_skip)
 {
     const char *op = "cast";
     require_cuda(x, op, "x");
+    cuda_not_yet(op, inf_to_nan, rng);
     c10::cuda::CUDAGuard guard(x.device());
     CastPrep c = prepare_cast(op, x, fp8_dtype, gran, saturate, stochastic, seed, offset, want_q, transpose);
     const View2D &v = c.v;
-    at::Tensor s = scale_arg_cuda(scale, scale_count(c.g, v.rows, v.cols), x.device(), op, "scale");
+    at::Tensor s = scale_arg(scale, scale_count(c.g, v.rows, v.cols), x.device(), op, "scale");
     at::Tensor amax = at::empty({}, x.options().dtype(at::kFloat));
     ScaleFlag flag(x);
     check_cuda_status((fp8mix_cuda_clear_error(),
@@ -501,10 +704,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cast_cuda(const at::Tensor &x, co
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 quantize_current_cuda(const at::Tensor &x, at::ScalarType fp8_dtype, int64_t gran, int64_t margin, bool pow2,
                       double eps, bool saturate, bool stochastic, int64_t seed, int64_t offset, bool want_q,
-                      bool transpose)
+                      bool transpose, bool inf_to_nan, const c10::optional<at::Tensor> &rng, int64_t rng_skip)
 {
     const char *op = "quantize";
     require_cuda(x, op, "x");
+    cuda_not_yet(op, inf_to_nan, rng);
     c10::cuda::CUDAGuard guard(x.device());
     check_margin_eps(op, margin, eps);
     CastPrep c = prepare_cast(op, x, fp8_dtype, gran, saturate, stochastic, seed, offset, want_q, transpose);
@@ -567,7 +771,7 @@ at::Tensor dequantize_cuda(const at::Tensor &q, const at::Tensor &scale_inv, int
     fp8mix_dtype ot = hp_dtype(out_dtype, op);
     fp8mix_granularity g = granularity(gran, op);
     View2D v = view2d(q);
-    at::Tensor s = scale_arg_cuda(scale_inv, scale_count(g, v.rows, v.cols), q.device(), op, "scale_inv");
+    at::Tensor s = scale_arg(scale_inv, scale_count(g, v.rows, v.cols), q.device(), op, "scale_inv");
     at::Tensor out = at::empty(q.sizes(), q.options().dtype(out_dtype));
     ScaleFlag flag(q);
     check_cuda_status((fp8mix_cuda_clear_error(), fp8mix_cuda_dequantize((const uint8_t *)v.t.data_ptr(), fmt, v.rows, v.cols, v.ld, g,
@@ -618,8 +822,10 @@ fp8mix_mm_scale mm_scale_kind_cuda(const at::Tensor &s, int64_t outer, bool is_a
 at::Tensor scaled_mm_cuda(const at::Tensor &a, const at::Tensor &b, const at::Tensor &scale_a,
                           const at::Tensor &scale_b, const c10::optional<at::Tensor> &bias,
                           c10::optional<at::ScalarType> out_dtype, c10::string_view accumulate,
-                          int64_t promote_interval)
+                          int64_t promote_interval, int64_t scale_kind_a, int64_t scale_kind_b)
 {
+    (void)scale_kind_a; // the CUDA path infers the layouts from the shapes, which agree with the kinds
+    (void)scale_kind_b;
     const char *op = "scaled_mm";
     require_cuda(a, op, "a");
     c10::cuda::CUDAGuard guard(a.device());
@@ -802,20 +1008,42 @@ bool cuda_get_hw_convert() { return fp8mix_cuda_get_hw_convert() != 0; }
 
 TORCH_LIBRARY(fp8mix, m)
 {
+    // Casts.  inf_to_nan: an infinite input gives NaN (fp8mix.h).  rng: a stochastic-rounding
+    // stream as an int64 [key, offset] tensor (words from offset + rng_skip on); when given it
+    // replaces stochastic/seed/offset.
     m.def("cast(Tensor x, Tensor scale, ScalarType fp8_dtype, int granularity, bool saturate=True, "
-          "bool stochastic=False, int seed=0, int offset=0, bool want_q=True, bool transpose=False) "
-          "-> (Tensor q, Tensor qt, Tensor amax)");
+          "bool stochastic=False, int seed=0, int offset=0, bool want_q=True, bool transpose=False, "
+          "bool inf_to_nan=False, Tensor? rng=None, int rng_skip=0) -> (Tensor q, Tensor qt, Tensor amax)");
     m.def("quantize_current(Tensor x, ScalarType fp8_dtype, int granularity, int margin=0, "
           "bool power_2_scale=False, float amax_epsilon=0.0, bool saturate=True, bool stochastic=False, "
-          "int seed=0, int offset=0, bool want_q=True, bool transpose=False) "
-          "-> (Tensor q, Tensor qt, Tensor scale_inv, Tensor amax)");
+          "int seed=0, int offset=0, bool want_q=True, bool transpose=False, bool inf_to_nan=False, "
+          "Tensor? rng=None, int rng_skip=0) -> (Tensor q, Tensor qt, Tensor scale_inv, Tensor amax)");
     m.def("amax(Tensor x, int granularity=0) -> Tensor");
     m.def("compute_scale(Tensor amax, ScalarType fp8_dtype, int margin=0, bool power_2_scale=False, "
           "float amax_epsilon=0.0) -> (Tensor scale, Tensor scale_inv)");
     m.def("dequantize(Tensor q, Tensor scale_inv, int granularity, ScalarType out_dtype) -> Tensor");
     m.def("quant_stats(Tensor x, Tensor q, Tensor scale_inv, int granularity) -> Tensor");
+    // scale_kind_a/b: fp8mix_mm_scale (0 tensor, 1 row/column, 2 block), or -1 to infer from the shapes.
     m.def("scaled_mm(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, Tensor? bias=None, "
-          "ScalarType? out_dtype=None, str accumulate='fp32', int promote_interval=128) -> Tensor");
+          "ScalarType? out_dtype=None, str accumulate='fp32', int promote_interval=128, int scale_kind_a=-1, "
+          "int scale_kind_b=-1) -> Tensor");
+    // The per-tensor recipes' state and casts (csrc/core/recipe.c); the state is updated in place.
+    m.def("delayed_cast(Tensor x, Tensor(a!) amax_history, Tensor(b!) scale, Tensor(c!) steps, int role, "
+          "int history_len, ScalarType fp8_dtype, int margin=0, bool power_2_scale=False, "
+          "str amax_compute_algo='max', int interval=1, bool record=True, bool transpose=False, "
+          "bool inf_to_nan=False, Tensor? fresh_amax=None, Tensor? rng=None, int rng_skip=0) "
+          "-> (Tensor q, Tensor qt, Tensor scales, Tensor amax)");
+    m.def("delayed_record(Tensor(a!) amax_history, Tensor(b!) scale, Tensor(c!) steps, int role, int history_len, "
+          "Tensor amax, ScalarType fp8_dtype, int margin=0, bool power_2_scale=False, str amax_compute_algo='max', "
+          "int interval=1, bool rescale_only=False) -> ()");
+    m.def("delayed_flush(Tensor(a!) amax_history, Tensor(b!) scale, Tensor(c!) steps, Tensor(d!) pending, "
+          "Tensor(e!) next_slot, int role, int history_len, ScalarType fp8_dtype, int margin=0, "
+          "bool power_2_scale=False, str amax_compute_algo='max', int interval=1, bool record=True, "
+          "bool reserve=True) -> (Tensor plan, Tensor slot)");
+    m.def("grad_cast(Tensor dy, ScalarType fp8_dtype, Tensor? plan=None, Tensor(a!)? pending=None, "
+          "Tensor? slot=None, int margin=0, bool power_2_scale=False, float amax_epsilon=0.0, "
+          "bool transpose=False, bool colsum=False, bool inf_to_nan=True, Tensor? rng=None, int rng_skip=0) "
+          "-> (Tensor q, Tensor qt, Tensor scale_inv, Tensor amax, Tensor colsum)");
     m.def("cpu_isa() -> str", &cpu_isa);
     m.def("set_max_isa(str name) -> ()", &set_max_isa);
 }
@@ -829,6 +1057,10 @@ TORCH_LIBRARY_IMPL(fp8mix, CPU, m)
     m.impl("dequantize", &dequantize_cpu);
     m.impl("quant_stats", &quant_stats_cpu);
     m.impl("scaled_mm", &scaled_mm_cpu);
+    m.impl("delayed_cast", &delayed_cast_cpu);
+    m.impl("delayed_record", &delayed_record_cpu);
+    m.impl("delayed_flush", &delayed_flush_cpu);
+    m.impl("grad_cast", &grad_cast_cpu);
 }
 
 #ifdef FP8MIX_WITH_CUDA

@@ -100,7 +100,7 @@ fp8mix_status fp8mix_cuda_dequantize(const uint8_t *q, fp8mix_format fmt, int64_
 
 /* ---- delayed scaling: one kernel updates many tensors ---------------------- */
 
-typedef enum fp8mix_amax_algo { FP8MIX_AMAX_MAX = 0, FP8MIX_AMAX_MOST_RECENT = 1 } fp8mix_amax_algo;
+/* fp8mix_amax_algo: see fp8mix.h. */
 
 /* One tensor's delayed-scaling state (all pointers device pointers). */
 typedef struct fp8mix_cuda_delayed_entry {
