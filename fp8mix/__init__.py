@@ -2,23 +2,27 @@
 
 Bit-exact E4M3/E5M2 casting with scaling and amax tracking, in C kernels that
 run on any CPU (SIMD chosen at run time) and, where built, on NVIDIA GPUs.
+
+Layout: the core API is flat here (formats, tensor, quantize, gemm, ops, recipe,
+autocast, grad_scaler, optim, numerics); modules live in fp8mix.nn, the numerics
+monitor in fp8mix.monitor; the demo, inspect and CLI tools in fp8mix.tools, which
+``import fp8mix`` never imports.
 """
-from . import optim
+from . import nn, optim, recipe
 from ._version import __version__
-from . import recipe
 from .autocast import autocast, fp8_autocast, is_fp8_enabled
-from .convert import convert_model
+from .formats import Format, Granularity, fp8_dtype, fp8_max
 from .gemm import scaled_mm
 from .grad_scaler import FP8GradScaler
-from .linear import Linear
 from .monitor import Monitor
-from .formats import Format, fp8_dtype, fp8_max
+from .nn import Linear, checkpoint, convert_model, load_fp8_state, strip_fp8_state, unconvert_model
 from .ops import cpu_isa, set_max_isa
 from .quantize import amax, cast_transpose, dequantize, quantize
 from .tensor import Float8Tensor
 
-
 __all__ = [
-    "Format", "Float8Tensor", "FP8GradScaler", "Linear", "Monitor", "convert_model", "fp8_autocast", "autocast", "is_fp8_enabled", "optim", "recipe", "quantize", "dequantize", "amax", "cast_transpose",
-    "scaled_mm", "fp8_dtype", "fp8_max", "cpu_isa", "set_max_isa",
+    "Format", "Granularity", "Float8Tensor", "FP8GradScaler", "Linear", "Monitor", "convert_model",
+    "unconvert_model", "strip_fp8_state", "load_fp8_state", "checkpoint", "fp8_autocast", "autocast",
+    "is_fp8_enabled", "nn", "optim", "recipe", "quantize", "dequantize", "amax", "cast_transpose", "scaled_mm",
+    "fp8_dtype", "fp8_max", "cpu_isa", "set_max_isa", "__version__",
 ]

@@ -39,7 +39,7 @@ _FMT, _USES, _V4, _V5, _STREAK = range(STATE_LEN)
 CODES = (Format.E4M3, Format.E5M2)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class AutoFormat:
     """Policy of Format.AUTO (the ``auto`` field of every recipe).
 
@@ -71,8 +71,8 @@ def evaluate(x2: torch.Tensor, granularity: int, margin: int, power_2_scale: boo
     quant_stats, and return prefer()'s (Format, reason). The amax comes from the casts."""
     out = []
     for fmt in CODES:
-        q, _, sinv, am = ops.quantize_current(x2, fp8_dtype(fmt), granularity, margin, power_2_scale, 0.0, True,
-                                              False, 0, 0, True, False)
+        q, _, sinv, am = ops.quantize_current(x2, fp8_dtype(fmt), granularity=granularity, margin=margin,
+                                              power_2_scale=power_2_scale)
         out.append(stats_from_counts(ops.quant_stats(x2, q, sinv, granularity)))
     return prefer(out[0], out[1], tolerance, float(am.max()) if am.numel() else 0.0)
 

@@ -4,19 +4,32 @@ A stack of frames; the innermost wins, ``enabled=False`` turns FP8 off inside.
 Usable as a context manager or a decorator. State is per thread (like
 torch.autocast). Transformer Engine 2.x's spelling ``autocast(enabled, recipe,
 amax_reduction_group)`` is accepted too.
+
+Only training forwards change FP8 state: under ``torch.no_grad()``,
+``torch.inference_mode()`` or ``module.eval()`` the modules read their scales and write
+nothing (evaluation, ``generate()``). ``calibrating=True`` records amaxes in any mode —
+with ``enabled=False`` the modules then compute in high precision while their delayed
+scaling state learns the tensors' ranges (Transformer Engine's calibration).
 """
 from __future__ import annotations
 
 import contextlib
 import threading
+import warnings
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from .recipe import BlockScaling, CurrentScaling, DelayedScaling
+from .recipe import RECIPES, DelayedScaling
 
-__all__ = ["fp8_autocast", "autocast", "is_fp8_enabled", "get_fp8_recipe", "get_fp8_group", "FP8Frame"]
+__all__ = ["fp8_autocast", "autocast", "is_fp8_enabled", "get_fp8_recipe", "get_fp8_group", "FP8Frame", "as_bool"]
 
-_RECIPES = (DelayedScaling, CurrentScaling, BlockScaling)
+
+def as_bool(owner: str, name: str, v) -> bool:
+    """The one rule for flags: a Python bool, else a TypeError naming the argument (an int
+    or a tensor is not silently taken for a flag)."""
+    if not isinstance(v, bool):
+        raise TypeError(f"{owner}: {name} must be True or False, got {type(v).__name__} {v!r}")
+    return v
 
 
 @dataclass(frozen=True)
@@ -25,14 +38,23 @@ class FP8Frame:
     recipe: Any
     group: Any
     monitor: Any = None
+    calibrating: bool = False
 
 
 class _State(threading.local):
     def __init__(self):
-        self.stack = []
+        self.stack: list = []
 
 
 _state = _State()
+# Whether any fp8mix module has run inside an enabled fp8_autocast in this process: a
+# context around a model without fp8mix modules (convert_model forgotten) warns once.
+_ran = [False]
+_warned = [False]
+
+
+def note_module_ran() -> None:
+    _ran[0] = True
 
 
 def current_frame() -> Optional[FP8Frame]:
@@ -67,23 +89,25 @@ class fp8_autocast(contextlib.ContextDecorator):
             torch.distributed is initialised.
         monitor: an :class:`fp8mix.Monitor`; on its sampled steps every fp8mix module
             inside reports the statistics of each of its casts (eager mode only).
+        calibrating: record amaxes (delayed scaling) even in evaluation; with
+            ``enabled=False`` the modules compute in high precision meanwhile.
 
     The backward pass uses the recipe its forward pass used, wherever backward runs.
     A module may run any number of times inside one context.
     """
 
-    def __init__(self, enabled: bool = True, fp8_recipe=None, fp8_group=None, monitor=None):
-        if not isinstance(enabled, bool):
-            raise TypeError(f"fp8_autocast: enabled must be a bool, got {type(enabled).__name__}")
+    def __init__(self, enabled: bool = True, fp8_recipe=None, fp8_group=None, monitor=None,
+                 calibrating: bool = False):
+        as_bool("fp8_autocast", "enabled", enabled)
+        as_bool("fp8_autocast", "calibrating", calibrating)
         if fp8_recipe is None:
             fp8_recipe = DelayedScaling()
-        if not isinstance(fp8_recipe, _RECIPES):
+        if not isinstance(fp8_recipe, RECIPES):
             raise TypeError("fp8_autocast: fp8_recipe must be a DelayedScaling, CurrentScaling or BlockScaling, "
                             f"got {type(fp8_recipe).__name__}")
-        fp8_recipe.__post_init__()  # fields may have been changed since construction
         if monitor is not None and not (callable(getattr(monitor, "record", None)) and hasattr(monitor, "sampling")):
             raise TypeError(f"fp8_autocast: monitor must be an fp8mix.Monitor, got {type(monitor).__name__}")
-        self.frame = FP8Frame(enabled, fp8_recipe, fp8_group, monitor)
+        self.frame = FP8Frame(enabled, fp8_recipe, fp8_group, monitor, calibrating)
 
     def __enter__(self):
         _state.stack.append(self.frame)
@@ -91,9 +115,16 @@ class fp8_autocast(contextlib.ContextDecorator):
 
     def __exit__(self, *exc):
         _state.stack.pop()
+        if self.frame.enabled and not _ran[0] and not _warned[0] and exc[0] is None:
+            _warned[0] = True
+            warnings.warn("fp8mix.fp8_autocast: no fp8mix module ran inside this context, so nothing computed in "
+                          "FP8; convert the model first (fp8mix.convert_model) or use fp8mix modules "
+                          "(warned once per process)", UserWarning, stacklevel=2)
         return False
 
 
-def autocast(enabled: bool = True, recipe=None, amax_reduction_group=None, monitor=None) -> fp8_autocast:
+def autocast(enabled: bool = True, recipe=None, amax_reduction_group=None, monitor=None,
+             calibrating: bool = False) -> fp8_autocast:
     """Transformer Engine 2.x's name and argument spelling for :class:`fp8_autocast`."""
-    return fp8_autocast(enabled=enabled, fp8_recipe=recipe, fp8_group=amax_reduction_group, monitor=monitor)
+    return fp8_autocast(enabled=enabled, fp8_recipe=recipe, fp8_group=amax_reduction_group, monitor=monitor,
+                        calibrating=calibrating)

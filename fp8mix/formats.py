@@ -12,7 +12,7 @@ import enum
 
 import torch
 
-__all__ = ["Format", "fp8_dtype", "fp8_max", "format_of_dtype", "GRANULARITIES"]
+__all__ = ["Format", "Granularity", "fp8_dtype", "fp8_max", "format_of_dtype", "GRANULARITIES"]
 
 
 class Format(enum.Enum):
@@ -29,6 +29,30 @@ class Format(enum.Enum):
 
 _DTYPES = {Format.E4M3: torch.float8_e4m3fn, Format.E5M2: torch.float8_e5m2}
 _MAX = {Format.E4M3: 448.0, Format.E5M2: 57344.0}
+
+class Granularity(enum.IntEnum):
+    """Where a scale applies (the C API's fp8mix_granularity): one per tensor, per row,
+    per 1x128 tile along a row, or per 128x128 block."""
+
+    TENSOR = 0
+    ROW = 1
+    BLOCK = 2
+    BLOCK2D = 3
+
+    @property
+    def label(self) -> str:
+        """The user-facing name ("tensor", "row", "block", "block2d")."""
+        return self.name.lower()
+
+    @classmethod
+    def of(cls, g) -> "Granularity":
+        """A Granularity from itself or its name (ValueError for anything else)."""
+        if isinstance(g, cls):
+            return g
+        if isinstance(g, str) and g in GRANULARITIES:
+            return cls(GRANULARITIES[g])
+        raise ValueError(f"granularity must be one of {list(GRANULARITIES)}, got {g!r}")
+
 
 # name -> code of the C API's fp8mix_granularity
 GRANULARITIES = {"tensor": 0, "row": 1, "block": 2, "block2d": 3}

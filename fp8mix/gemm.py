@@ -60,4 +60,5 @@ def scaled_mm(a, b, scale_a=None, scale_b=None, *, bias=None, out_dtype=torch.fl
     same_device("scaled_mm", a, b=b, scale_a=scale_a, scale_b=scale_b, bias=bias)
     if out_dtype not in _OUT:
         raise TypeError(f"fp8mix.scaled_mm: out_dtype must be float32, bfloat16 or float16, got {out_dtype}")
-    return ops.scaled_mm(a, b, scale_a, scale_b, bias, out_dtype, accumulate, promote_interval)
+    return ops.scaled_mm(a, b, scale_a, scale_b, bias=bias, out_dtype=out_dtype, accumulate=accumulate,
+                         promote_interval=promote_interval)

@@ -155,7 +155,8 @@ class FP8GradScaler:
       bottom **underflows** to zero until the history rolls over;
     * an unscaled cast (scale 1) puts gradients exactly where the loss scale puts them.
 
-    So with ``fp8_feedback=True`` (default) the scaler turns on :mod:`fp8mix.grad_stats`
+    So with ``fp8_feedback=True`` (default) the scaler activates its own
+    :class:`fp8mix.grad_stats.GradStats` collector
     (in :meth:`scale`) on every `fp8_feedback_interval`-th iteration (default 10: counting
     costs one more read of each dy, so it is sampled), and on every iteration after one
     whose counts made it act (so a scale in motion is followed step by step until it
@@ -189,10 +190,10 @@ class FP8GradScaler:
     decision in ``last_fp8_action`` (``"skip"``, ``"backoff"``, ``"grow"`` or None: what
     the FP8 counts did beyond torch's rule). The counters ``fp8_skips``, ``fp8_backoffs``
     and ``fp8_growths`` count those decisions; they, the ceiling and the
-    thresholds are in state_dict(). The counts are process-wide: use one feedback scaler
-    per process (with two, each reads what was cast since the other's last update).
-    Release the collection with :meth:`close` (or ``with FP8GradScaler() as scaler:``);
-    a scaler that is garbage-collected releases it too.
+    thresholds are in state_dict(). Each scaler has its own collector: two scalers each
+    see every gradient cast of the iterations they sample. Stop the collection with
+    :meth:`close` (or ``with FP8GradScaler() as scaler:``); a scaler that is
+    garbage-collected stops too.
 
     Args:
         device: where the scale lives when first created ("cpu", "cuda", ...); the scale
@@ -249,20 +250,15 @@ class FP8GradScaler:
         self.last_fp8_stats: Optional[dict] = None
         self.last_fp8_action: Optional[str] = None
         self._stats_acc: Optional[dict] = None  # counts popped since the last update()
-        self._stats_release: Optional[weakref.finalize] = None
+        self._stats = grad_stats.GradStats()  # this scaler's counts (held weakly while active)
 
     # ---- grad_stats collection ------------------------------------------------------
     def _collect(self) -> None:
-        if self._stats_release is None or not self._stats_release.alive:
-            grad_stats.enable(True)
-            # Released by close() or when this scaler is collected, whichever comes first.
-            self._stats_release = weakref.finalize(self, grad_stats.enable, False)
+        self._stats.activate()  # the collector is held weakly: a collected scaler stops counting
 
     def close(self) -> None:
-        """Release fp8mix.grad_stats collection (a later scale() takes it again)."""
-        if self._stats_release is not None:
-            self._stats_release()
-            self._stats_release = None
+        """Stop collecting gradient-cast counts (a later scale() starts again)."""
+        self._stats.deactivate()
 
     def __enter__(self) -> "FP8GradScaler":
         return self
@@ -356,7 +352,7 @@ class FP8GradScaler:
 
     def _pop_stats(self) -> Optional[dict]:
         if self._fp8_feedback:
-            self._stats_acc = _merge_stats(self._stats_acc, grad_stats.pop())
+            self._stats_acc = _merge_stats(self._stats_acc, self._stats.pop())
         return self._stats_acc
 
     def _check_hidden_infs(self, found: dict) -> dict:
@@ -602,7 +598,7 @@ class FP8GradScaler:
         state["_init_scale"] = self.get_scale() if self._enabled else self._init_scale
         state["_init_growth_tracker"] = self._get_growth_tracker()
         state["_scale"] = state["_growth_tracker"] = None
-        state["_stats_release"] = None  # the copy takes its own collection at its first scale()
+        state["_stats"] = grad_stats.GradStats()  # the copy collects on its own from its first scale()
         state["_opt_states"] = None
         return state
 

@@ -1,71 +1,101 @@
-"""Counts from the FP8 gradient casts, the feedback FP8GradScaler reads.
+"""Counts from the FP8 gradient casts: the feedback FP8GradScaler reads.
 
-While collection is on (``enable(True)``; FP8GradScaler turns it on), every
-fp8mix.Linear backward adds the statistics of its grad_output cast here:
-how many elements it cast, how many were non-zero, how many non-zero finite
-values flushed to zero (underflow), how many landed on the format's largest
-magnitude (saturated), how many were beyond it after scaling (overflow, clipped),
-and how many were inf/NaN. The counts stay tensors (no host
-sync in backward); ``pop()`` reads and clears them once per optimizer step.
+A :class:`GradStats` collects, while it is active, the statistics of every grad_output
+cast of fp8mix's layers' backward passes: how many elements were cast, how many were
+non-zero, how many non-zero finite values flushed to zero (underflow), how many landed
+on the format's largest magnitude (saturated), how many were beyond it after scaling
+(overflow, clipped) and how many were inf/NaN. Each FP8GradScaler owns one and activates
+it on its sampled iterations. The counts stay tensors on the gradients' device while
+they accumulate (no host sync in backward); :meth:`GradStats.pop` reads them once per
+optimizer step.
+
+The only process-wide thing is the list of active collectors (weakly held), which the
+layers' backward passes report to: :func:`active`, :func:`add`, :func:`enabled`.
 """
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Optional
 
 import torch
 
-__all__ = ["enable", "enabled", "add", "pop", "FIELDS"]
+__all__ = ["GradStats", "active", "add", "enabled", "FIELDS"]
 
 # Order of the count vector: the first entries of fp8mix.ops.quant_stats' output.
 FIELDS = ("numel", "nonzero", "underflow", "saturated", "nonfinite", "overflow")
+_N = len(FIELDS)
+_NONZERO, _NONFINITE, _OVERFLOW = FIELDS.index("nonzero"), FIELDS.index("nonfinite"), FIELDS.index("overflow")
 
 _lock = threading.Lock()
-_enabled = 0  # a count, so that two scalers (or nested users) can share it
-_counts: Optional[torch.Tensor] = None
-_max_overflow = 0.0  # the largest overflow fraction of one cast since the last pop()
+_active: "weakref.WeakSet[GradStats]" = weakref.WeakSet()
 
 
-def enable(on: bool) -> None:
-    """Turn collection on (True) or release one earlier enable(True) (False)."""
-    global _enabled, _counts, _max_overflow
+class GradStats:
+    """One consumer's sum of gradient-cast counts (see the module docstring)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._counts: Optional[torch.Tensor] = None
+        self._max_overflow: Optional[torch.Tensor] = None  # the largest overflow fraction of one cast
+
+    def activate(self) -> None:
+        """Start receiving the counts of gradient casts (idempotent)."""
+        with _lock:
+            _active.add(self)
+
+    def deactivate(self) -> None:
+        """Stop receiving counts (what was received stays until pop())."""
+        with _lock:
+            _active.discard(self)
+
+    @property
+    def is_active(self) -> bool:
+        with _lock:
+            return self in _active
+
+    def add(self, counts: torch.Tensor) -> None:
+        """Add one cast's counts (a float64 tensor whose first len(FIELDS) entries follow
+        FIELDS). Tensor ops only: no host read."""
+        c = counts.detach()[:_N].to(torch.float64)
+        frac = (c[_OVERFLOW] + c[_NONFINITE]) / torch.clamp(c[_NONZERO], min=1.0)
+        with self._lock:
+            self._counts = c.clone() if self._counts is None else self._counts + c.to(self._counts.device)
+            self._max_overflow = frac if self._max_overflow is None else torch.maximum(
+                self._max_overflow, frac.to(self._max_overflow.device))
+
+    def pop(self) -> Optional[dict]:
+        """The counts added since the last pop, as a dict of floats (None if nothing was
+        added), plus ``underflow_frac`` and ``overflow_frac`` of the non-zero values (pooled
+        over the casts) and ``max_overflow_frac``, the largest overflow fraction of a single
+        cast (one layer's clipped gradients would vanish in the pooled figure). One host read."""
+        with self._lock:
+            c, self._counts = self._counts, None
+            mo, self._max_overflow = self._max_overflow, None
+        if c is None:
+            return None
+        vals = torch.cat([c.cpu(), mo.reshape(1).cpu()]).tolist()
+        d = dict(zip(FIELDS, vals[:_N]))
+        nz = max(d["nonzero"], 1.0)
+        d["underflow_frac"] = d["underflow"] / nz
+        d["overflow_frac"] = (d["overflow"] + d["nonfinite"]) / nz
+        d["max_overflow_frac"] = vals[_N]
+        return d
+
+
+def active() -> list:
+    """The collectors receiving counts now."""
     with _lock:
-        _enabled = _enabled + 1 if on else max(0, _enabled - 1)
-        if not _enabled:
-            _counts, _max_overflow = None, 0.0
+        return list(_active)
 
 
 def enabled() -> bool:
-    return _enabled > 0
+    """Whether any collector is receiving counts (layers skip the counting otherwise)."""
+    with _lock:
+        return len(_active) > 0
 
 
 def add(counts: torch.Tensor) -> None:
-    """Add one cast's counts (a float64 tensor whose first len(FIELDS) entries follow FIELDS)."""
-    global _counts, _max_overflow
-    if not _enabled:
-        return
-    c = counts.detach()[: len(FIELDS)].to(device="cpu", dtype=torch.float64)
-    nz, ovf, nonfin = float(c[1]), float(c[5]), float(c[4])
-    frac = (ovf + nonfin) / nz if nz else 0.0
-    with _lock:
-        _counts = c.clone() if _counts is None else _counts + c
-        _max_overflow = max(_max_overflow, frac)
-
-
-def pop() -> Optional[dict]:
-    """The counts added since the last pop, as a dict of floats (None if nothing was
-    added), plus ``underflow_frac`` and ``overflow_frac`` of the non-zero values (pooled
-    over the casts) and ``max_overflow_frac``, the largest overflow fraction of a single
-    cast (one layer's clipped gradients would vanish in the pooled figure)."""
-    global _counts, _max_overflow
-    with _lock:
-        c, _counts = _counts, None
-        mo, _max_overflow = _max_overflow, 0.0
-    if c is None:
-        return None
-    d = dict(zip(FIELDS, c.tolist()))
-    nz = max(d["nonzero"], 1.0)
-    d["underflow_frac"] = d["underflow"] / nz
-    d["overflow_frac"] = (d["overflow"] + d["nonfinite"]) / nz
-    d["max_overflow_frac"] = mo
-    return d
+    """Hand one cast's counts to every active collector."""
+    for c in active():
+        c.add(counts)

@@ -210,7 +210,7 @@ class Monitor:
 
     def attach(self, model: torch.nn.Module) -> "Monitor":
         """Name every fp8mix.Linear in `model` by its module path (records' ``layer``)."""
-        from .linear import Linear
+        from .nn.fp8_state import FP8StateMixin as Linear
 
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"fp8mix.Monitor.attach: expected an nn.Module, got {type(model).__name__}")

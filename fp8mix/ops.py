@@ -1,17 +1,46 @@
-"""The only module that calls torch.ops.fp8mix.*: loads the native library and
-registers fake (meta) implementations so the ops trace under torch.compile.
+"""The only module that calls torch.ops.fp8mix.*: loads the native library, gives every
+op a typed wrapper (keyword arguments, enums) and registers the fake (meta)
+implementations that let the ops trace under torch.compile.
 
-Everything numeric happens in C (csrc/); this file only states output shapes.
+The numerics are C (csrc/core, csrc/cuda); the wrappers only name arguments and the
+fakes only state output shapes. Callers inside fp8mix use these wrappers, never
+torch.ops.fp8mix directly.
 """
 from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Optional
 
 import torch
 
 from . import _C  # noqa: F401  (loading it registers torch.ops.fp8mix)
+from .formats import Granularity
 
 _ops = torch.ops.fp8mix
 
-__all__ = ["cast", "quantize_current", "amax", "compute_scale", "dequantize", "scaled_mm", "quant_stats", "cpu_isa", "set_max_isa"]
+__all__ = ["cast", "quantize_current", "amax", "compute_scale", "dequantize", "scaled_mm", "quant_stats",
+           "delayed_cast", "delayed_record", "delayed_rescale", "delayed_flush", "grad_cast", "DelayedSpec",
+           "MmScale", "cpu_isa", "set_max_isa", "scale_shape", "has_kernels"]
+
+
+class MmScale(enum.IntEnum):
+    """Scale layout of a GEMM operand (the C API's fp8mix_mm_scale)."""
+
+    TENSOR = 0  # one value
+    OUTER = 1   # one per row of a / column of b
+    BLOCK = 2   # a: 1x128 tiles (M, ceil(K/128)); b: 128x128 blocks (ceil(K/128), ceil(N/128))
+
+
+@dataclasses.dataclass(frozen=True)
+class DelayedSpec:
+    """What the delayed-scaling ops need of a DelayedScaling recipe."""
+
+    history_len: int
+    margin: int = 0
+    power_2_scale: bool = False
+    algo: str = "max"  # "max" or "most_recent"
+    interval: int = 1
 
 
 def _rows_cols(x: torch.Tensor):
@@ -22,22 +51,150 @@ def _rows_cols(x: torch.Tensor):
     return rows, cols
 
 
-def scale_shape(x: torch.Tensor, g: int):
-    """Shape of the per-granularity scale / amax tensor of x (granularity code g)."""
+def scale_shape(x: torch.Tensor, g: int) -> list:
+    """Shape of the per-granularity scale / amax tensor of x (granularity code or enum g)."""
     rows, cols = _rows_cols(x)
     lead = list(x.shape[:-1]) if x.dim() >= 1 else []
-    if g == 0:
+    if g == Granularity.TENSOR:
         return []
-    if g == 1:
+    if g == Granularity.ROW:
         return lead + [1]
-    if g == 2:
+    if g == Granularity.BLOCK:
         return lead + [(cols + 127) // 128]
     return [(rows + 127) // 128, (cols + 127) // 128]
 
 
+def has_kernels(op: str, device: torch.device) -> bool:
+    """Whether this build registers op (e.g. "cast") for device (meta: the fake kernels)."""
+    key = torch._C._dispatch_key_for_device(device.type)
+    return torch._C._dispatch_has_kernel_for_dispatch_key(f"fp8mix::{op}", key)
+
+
+# ---- casts ---------------------------------------------------------------------------
+
+def cast(x: torch.Tensor, scale: torch.Tensor, fp8_dtype: torch.dtype, *, granularity=Granularity.TENSOR,
+         saturate: bool = True, stochastic: bool = False, seed: int = 0, offset: int = 0, want_q: bool = True,
+         transpose: bool = False, inf_to_nan: bool = False, rng: Optional[torch.Tensor] = None,
+         rng_skip: int = 0):
+    """Scale + cast + amax in one pass: (q, qt, amax). qt is the transpose of the 2-D view
+    when `transpose` (else empty); `rng` (int64 [key, offset]) selects stochastic rounding
+    with words from offset + rng_skip on, in place of stochastic/seed/offset."""
+    return _ops.cast(x, scale, fp8_dtype, int(granularity), saturate, stochastic, seed, offset, want_q, transpose,
+                     inf_to_nan, rng, rng_skip)
+
+
+def quantize_current(x: torch.Tensor, fp8_dtype: torch.dtype, *, granularity=Granularity.TENSOR, margin: int = 0,
+                     power_2_scale: bool = False, amax_epsilon: float = 0.0, saturate: bool = True,
+                     stochastic: bool = False, seed: int = 0, offset: int = 0, want_q: bool = True,
+                     transpose: bool = False, inf_to_nan: bool = False, rng: Optional[torch.Tensor] = None,
+                     rng_skip: int = 0):
+    """Current scaling: amax per tile, scale, cast: (q, qt, scale_inv, amax)."""
+    return _ops.quantize_current(x, fp8_dtype, int(granularity), margin, power_2_scale, amax_epsilon, saturate,
+                                 stochastic, seed, offset, want_q, transpose, inf_to_nan, rng, rng_skip)
+
+
+def amax(x: torch.Tensor, *, granularity=Granularity.TENSOR) -> torch.Tensor:
+    return _ops.amax(x, int(granularity))
+
+
+def compute_scale(amax: torch.Tensor, fp8_dtype: torch.dtype, *, margin: int = 0, power_2_scale: bool = False,
+                  amax_epsilon: float = 0.0):
+    """(scale, scale_inv) from amax by fp8mix_compute_scale's rule."""
+    return _ops.compute_scale(amax, fp8_dtype, margin, power_2_scale, amax_epsilon)
+
+
+def dequantize(q: torch.Tensor, scale_inv: torch.Tensor, *, granularity=Granularity.TENSOR,
+               out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return _ops.dequantize(q, scale_inv, int(granularity), out_dtype)
+
+
+def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, *,
+              bias: Optional[torch.Tensor] = None, out_dtype: torch.dtype = torch.float32, accumulate: str = "fp32",
+              promote_interval: int = 128, scale_kinds: Optional[tuple] = None) -> torch.Tensor:
+    """(a * scale_a) @ (b * scale_b) + bias. scale_kinds: (MmScale, MmScale) when the caller
+    knows the layouts (fp8mix's modules always do); None infers them from the shapes."""
+    ka, kb = (-1, -1) if scale_kinds is None else (int(scale_kinds[0]), int(scale_kinds[1]))
+    return _ops.scaled_mm(a, b, scale_a, scale_b, bias, out_dtype, accumulate, promote_interval, ka, kb)
+
+
+# ---- the per-tensor recipes' state (csrc/core/recipe.c) -------------------------------
+
+def delayed_cast(x: torch.Tensor, history: torch.Tensor, scale: torch.Tensor, steps: torch.Tensor, *, role: int,
+                 fp8_dtype: torch.dtype, spec: DelayedSpec, record: bool, transpose: bool = False,
+                 inf_to_nan: bool = False, fresh_amax: Optional[torch.Tensor] = None,
+                 rng: Optional[torch.Tensor] = None, rng_skip: int = 0):
+    """Delayed-scaling cast of a forward tensor with role's scale (its own amax on the
+    role's first use): (q, qt, scales [scale, scale_inv], amax); with `record` the amax
+    goes into the role's history and the scale is updated in place."""
+    return _ops.delayed_cast(x, history, scale, steps, role, spec.history_len, fp8_dtype, spec.margin,
+                             spec.power_2_scale, spec.algo, spec.interval, record, transpose, inf_to_nan, fresh_amax,
+                             rng, rng_skip)
+
+
+def delayed_record(history: torch.Tensor, scale: torch.Tensor, steps: torch.Tensor, amax: torch.Tensor, *, role: int,
+                   fp8_dtype: torch.dtype, spec: DelayedSpec) -> None:
+    """Record one amax for role (in place)."""
+    _ops.delayed_record(history, scale, steps, role, spec.history_len, amax, fp8_dtype, spec.margin,
+                        spec.power_2_scale, spec.algo, spec.interval, False)
+
+
+def delayed_rescale(history: torch.Tensor, scale: torch.Tensor, steps: torch.Tensor, *, role: int,
+                    fp8_dtype: torch.dtype, spec: DelayedSpec) -> None:
+    """Recompute role's scale from its history for fp8_dtype's range (in place)."""
+    _ops.delayed_record(history, scale, steps, role, spec.history_len, scale[role], fp8_dtype, spec.margin,
+                        spec.power_2_scale, spec.algo, spec.interval, True)
+
+
+def delayed_flush(history: torch.Tensor, scale: torch.Tensor, steps: torch.Tensor, pending: torch.Tensor,
+                  next_slot: torch.Tensor, *, role: int, fp8_dtype: torch.dtype, spec: DelayedSpec, record: bool,
+                  reserve: bool):
+    """Before a forward: record the gradient amaxes earlier backwards left (record), and
+    return (plan [scale, fresh], slot reserved for this forward's backward)."""
+    return _ops.delayed_flush(history, scale, steps, pending, next_slot, role, spec.history_len, fp8_dtype,
+                              spec.margin, spec.power_2_scale, spec.algo, spec.interval, record, reserve)
+
+
+def grad_cast(dy: torch.Tensor, fp8_dtype: torch.dtype, *, plan: Optional[torch.Tensor] = None,
+              pending: Optional[torch.Tensor] = None, slot: Optional[torch.Tensor] = None, margin: int = 0,
+              power_2_scale: bool = False, amax_epsilon: float = 0.0, transpose: bool = False, colsum: bool = False,
+              inf_to_nan: bool = True, rng: Optional[torch.Tensor] = None, rng_skip: int = 0):
+    """A gradient's per-tensor cast: (q, qt, scale_inv, amax, colsum). Delayed (the plan's
+    scale) or current scaling (plan None or fresh); its amax is kept in pending[slot]
+    (max over backwards); colsum is the bias gradient (column sums in float32)."""
+    return _ops.grad_cast(dy, fp8_dtype, plan, pending, slot, margin, power_2_scale, amax_epsilon, transpose,
+                          colsum, inf_to_nan, rng, rng_skip)
+
+
+# ---- statistics -------------------------------------------------------------------------
+
+# fp8mix_quant_stats' output entries, in order (see fp8mix.h).
+QUANT_STATS_FIELDS = ("numel", "nonzero", "underflow", "saturated", "nonfinite", "overflow", "subnormal",
+                      "signal", "noise", "min_nonzero")
+QUANT_STATS_N = len(QUANT_STATS_FIELDS)
+
+
+def quant_stats(x, q, scale_inv, granularity):
+    """fp8mix_quant_stats on the CPU (tensors elsewhere are copied: stats are sampled)."""
+    if x.device.type != "cpu":
+        x, q, scale_inv = x.cpu(), q.cpu(), scale_inv.cpu()
+    return _ops.quant_stats(x, q, scale_inv, int(granularity))
+
+
+def cpu_isa() -> str:
+    """The instruction set the CPU kernels use now ('scalar', 'avx2', 'avx512', 'avx512bf16')."""
+    return _ops.cpu_isa()
+
+
+def set_max_isa(name: str) -> None:
+    """Cap the CPU kernels' instruction set (e.g. 'scalar' to run the portable path); process-wide."""
+    _ops.set_max_isa(name)
+
+
+# ---- fake implementations (shapes only) ----------------------------------------------------
+
 @torch.library.register_fake("fp8mix::cast")
 def _cast_fake(x, scale, fp8_dtype, granularity, saturate=True, stochastic=False, seed=0, offset=0,
-               want_q=True, transpose=False):
+               want_q=True, transpose=False, inf_to_nan=False, rng=None, rng_skip=0):
     rows, cols = _rows_cols(x)
     q = x.new_empty(x.shape if want_q else (0,), dtype=fp8_dtype)
     qt = x.new_empty((cols, rows) if transpose else (0,), dtype=fp8_dtype)
@@ -46,7 +203,8 @@ def _cast_fake(x, scale, fp8_dtype, granularity, saturate=True, stochastic=False
 
 @torch.library.register_fake("fp8mix::quantize_current")
 def _quantize_current_fake(x, fp8_dtype, granularity, margin=0, power_2_scale=False, amax_epsilon=0.0,
-                           saturate=True, stochastic=False, seed=0, offset=0, want_q=True, transpose=False):
+                           saturate=True, stochastic=False, seed=0, offset=0, want_q=True, transpose=False,
+                           inf_to_nan=False, rng=None, rng_skip=0):
     rows, cols = _rows_cols(x)
     q = x.new_empty(x.shape if want_q else (0,), dtype=fp8_dtype)
     qt = x.new_empty((cols, rows) if transpose else (0,), dtype=fp8_dtype)
@@ -75,41 +233,41 @@ def _quant_stats_fake(x, q, scale_inv, granularity):
 
 
 @torch.library.register_fake("fp8mix::scaled_mm")
-def _scaled_mm_fake(a, b, scale_a, scale_b, bias=None, out_dtype=None, accumulate="fp32", promote_interval=128):
+def _scaled_mm_fake(a, b, scale_a, scale_b, bias=None, out_dtype=None, accumulate="fp32", promote_interval=128,
+                    scale_kind_a=-1, scale_kind_b=-1):
     return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype or torch.float32)
+
+
+@torch.library.register_fake("fp8mix::delayed_cast")
+def _delayed_cast_fake(x, amax_history, scale, steps, role, history_len, fp8_dtype, margin=0, power_2_scale=False,
+                       amax_compute_algo="max", interval=1, record=True, transpose=False, inf_to_nan=False,
+                       fresh_amax=None, rng=None, rng_skip=0):
+    rows, cols = _rows_cols(x)
+    qt = x.new_empty((cols, rows) if transpose else (0,), dtype=fp8_dtype)
+    return (x.new_empty(x.shape, dtype=fp8_dtype), qt, x.new_empty((2,), dtype=torch.float32),
+            x.new_empty((), dtype=torch.float32))
+
+
+@torch.library.register_fake("fp8mix::delayed_record")
+def _delayed_record_fake(*args, **kwargs):
+    return None
+
+
+@torch.library.register_fake("fp8mix::delayed_flush")
+def _delayed_flush_fake(amax_history, scale, steps, pending, next_slot, *args, **kwargs):
+    return scale.new_empty((2,)), steps.new_empty(())
+
+
+@torch.library.register_fake("fp8mix::grad_cast")
+def _grad_cast_fake(dy, fp8_dtype, plan=None, pending=None, slot=None, margin=0, power_2_scale=False,
+                    amax_epsilon=0.0, transpose=False, colsum=False, inf_to_nan=True, rng=None, rng_skip=0):
+    rows, cols = _rows_cols(dy)
+    qt = dy.new_empty((cols, rows) if transpose else (0,), dtype=fp8_dtype)
+    return (dy.new_empty(dy.shape, dtype=fp8_dtype), qt, dy.new_empty((), dtype=torch.float32),
+            dy.new_empty((), dtype=torch.float32), dy.new_empty((cols if colsum else 0,), dtype=torch.float32))
 
 
 if torch._C._dispatch_has_kernel_for_dispatch_key("fp8mix::cast", "CUDA"):  # CUDA builds only
     @torch.library.register_fake("fp8mix::delayed_scale_update")
     def _delayed_scale_update_fake(*args, **kwargs):
         return None
-
-
-cast = _ops.cast
-quantize_current = _ops.quantize_current
-amax = _ops.amax
-compute_scale = _ops.compute_scale
-dequantize = _ops.dequantize
-scaled_mm = _ops.scaled_mm
-
-# fp8mix_quant_stats' output entries, in order (see fp8mix.h).
-QUANT_STATS_FIELDS = ("numel", "nonzero", "underflow", "saturated", "nonfinite", "overflow", "subnormal",
-                      "signal", "noise", "min_nonzero")
-QUANT_STATS_N = len(QUANT_STATS_FIELDS)
-
-
-def quant_stats(x, q, scale_inv, granularity):
-    """fp8mix_quant_stats on the CPU (tensors elsewhere are copied: stats are sampled)."""
-    if x.device.type != "cpu":
-        x, q, scale_inv = x.cpu(), q.cpu(), scale_inv.cpu()
-    return _ops.quant_stats(x, q, scale_inv, granularity)
-
-
-def cpu_isa() -> str:
-    """The instruction set the CPU kernels use now ('scalar', 'avx2', 'avx512', 'avx512bf16')."""
-    return _ops.cpu_isa()
-
-
-def set_max_isa(name: str) -> None:
-    """Cap the CPU kernels' instruction set (e.g. 'scalar' to run the portable path); process-wide."""
-    _ops.set_max_isa(name)

@@ -35,8 +35,7 @@ def _check_input(x, op: str) -> None:
 
 def has_device_kernels(device: torch.device) -> bool:
     """Whether this build registers fp8mix kernels (or fake kernels, for 'meta') for `device`."""
-    key = torch._C._dispatch_key_for_device(device.type)
-    return torch._C._dispatch_has_kernel_for_dispatch_key("fp8mix::cast", key)
+    return ops.has_kernels("cast", device)
 
 
 def same_device(op: str, ref: torch.Tensor, **tensors) -> None:
@@ -112,11 +111,12 @@ def quantize(x: torch.Tensor, fmt=Format.E4M3, scale=None, *, granularity: str =
     if not isinstance(offset, int) or offset < 0:
         raise ValueError(f"fp8mix.quantize: offset must be a non-negative int, got {offset!r}")
     if scale is None:
-        q, _, sinv, am = ops.quantize_current(x, fp8_dtype(f), g, margin, power_2_scale, amax_epsilon,
-                                              saturate, sr, s, offset)
+        q, _, sinv, am = ops.quantize_current(x, fp8_dtype(f), granularity=g, margin=margin,
+                                              power_2_scale=power_2_scale, amax_epsilon=amax_epsilon,
+                                              saturate=saturate, stochastic=sr, seed=s, offset=offset)
         return Float8Tensor(q, sinv, am, granularity)
     st = _scale_tensor(scale, x, g, "quantize")
-    q, _, am = ops.cast(x, st, fp8_dtype(f), g, saturate, sr, s, offset)
+    q, _, am = ops.cast(x, st, fp8_dtype(f), granularity=g, saturate=saturate, stochastic=sr, seed=s, offset=offset)
     return Float8Tensor(q, _inverse(st, x, g), am, granularity)
 
 
@@ -142,11 +142,13 @@ def cast_transpose(x: torch.Tensor, fmt=Format.E4M3, scale=None, *, granularity:
     sr = rounding == "stochastic"
     s = _seed(seed) if sr else 0
     if scale is None:
-        q, qt, sinv, am = ops.quantize_current(x, fp8_dtype(f), g, margin, power_2_scale, 0.0, saturate, sr, s,
-                                               offset, True, True)
+        q, qt, sinv, am = ops.quantize_current(x, fp8_dtype(f), granularity=g, margin=margin,
+                                               power_2_scale=power_2_scale, saturate=saturate, stochastic=sr,
+                                               seed=s, offset=offset, transpose=True)
     else:
         st = _scale_tensor(scale, x, g, "cast_transpose")
-        q, qt, am = ops.cast(x, st, fp8_dtype(f), g, saturate, sr, s, offset, True, True)
+        q, qt, am = ops.cast(x, st, fp8_dtype(f), granularity=g, saturate=saturate, stochastic=sr, seed=s,
+                             offset=offset, transpose=True)
         sinv = _inverse(st, x, g)
     sinv_t = sinv.t().contiguous() if g == 3 else sinv
     return Float8Tensor(q, sinv, am, granularity), Float8Tensor(qt, sinv_t, am, granularity)
@@ -156,7 +158,7 @@ def amax(x: torch.Tensor, granularity: str = "tensor") -> torch.Tensor:
     """max |x| per tile of `granularity` (float32). A NaN anywhere in a tile gives NaN,
     else an infinity gives +inf; an empty tensor gives 0."""
     _check_input(x, "amax")
-    return ops.amax(x.detach(), _granularity(granularity, "amax"))
+    return ops.amax(x.detach(), granularity=_granularity(granularity, "amax"))
 
 
 def dequantize(t: Float8Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:

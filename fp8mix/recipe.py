@@ -9,6 +9,11 @@
 Tensor roles of a linear layer: ``"input"`` and ``"weight"`` (forward, E4M3 under
 HYBRID) and ``"grad_output"`` (backward, E5M2 under HYBRID).
 
+Recipes are frozen dataclasses, validated once when built (``dataclasses.replace``
+makes a changed copy). Modules ask a recipe what to do per role —
+:meth:`~_Recipe.granularity`, :meth:`~_Recipe.format`, :meth:`~_Recipe.rounding_of`,
+:meth:`~_Recipe.delayed` — instead of testing its class.
+
 Fields every recipe has besides its scaling:
 
 - ``fp8_format``: ``Format.E4M3``, ``E5M2``, ``HYBRID`` or ``AUTO`` (chosen per layer and
@@ -24,13 +29,14 @@ Fields every recipe has besides its scaling:
 from __future__ import annotations
 
 import dataclasses
+import types
 from typing import Callable, Union
 
 from .auto_format import AutoFormat
-from .formats import Format
+from .formats import Format, Granularity
 
 __all__ = ["DelayedScaling", "CurrentScaling", "BlockScaling", "Float8CurrentScaling", "Float8BlockScaling",
-           "ROLES", "role_format"]
+           "ROLES", "role_format", "RECIPES"]
 
 ROLES = ("input", "weight", "grad_output")
 _ROUNDINGS = ("nearest", "stochastic")
@@ -53,6 +59,11 @@ def _check_bool(name, v):
         raise TypeError(f"{name} must be a bool, got {type(v).__name__}")
 
 
+def _check_margin(owner: str, margin) -> None:
+    if not isinstance(margin, int) or isinstance(margin, bool) or not 0 <= margin <= 126:
+        raise ValueError(f"{owner}.margin must be an int in [0, 126], got {margin!r}")
+
+
 def role_format(fmt: Format, role: str) -> Format:
     """The encoding a tensor role gets under `fmt` (HYBRID: E5M2 for gradients only;
     AUTO: HYBRID's assignment until a layer has decided otherwise)."""
@@ -61,14 +72,14 @@ def role_format(fmt: Format, role: str) -> Format:
     return fmt
 
 
-def _check_rounding(owner: str, rounding):
-    """Normalise `rounding` to a dict role -> mode with every role present."""
+def _check_rounding(owner: str, rounding) -> types.MappingProxyType:
+    """`rounding` as a read-only mapping role -> mode with every role present."""
     if isinstance(rounding, str):
         if rounding not in _ROUNDINGS:
             raise ValueError(f"{owner}.rounding must be 'nearest', 'stochastic' or a dict role -> mode, "
                              f"got {rounding!r}")
-        return {r: rounding for r in ROLES}
-    if not isinstance(rounding, dict):
+        return types.MappingProxyType({r: rounding for r in ROLES})
+    if not isinstance(rounding, (dict, types.MappingProxyType)):
         raise TypeError(f"{owner}.rounding must be a str or a dict role -> mode, got {type(rounding).__name__}")
     out = {r: "nearest" for r in ROLES}
     for k, v in rounding.items():
@@ -79,32 +90,69 @@ def _check_rounding(owner: str, rounding):
         if v not in _ROUNDINGS:
             raise ValueError(f"{owner}.rounding[{k!r}] must be 'nearest' or 'stochastic', got {v!r}")
         out[role] = v
-    return out
+    return types.MappingProxyType(out)
 
 
-def _check_common(recipe):
-    """Checks of the fields every recipe has (format, rounding, AUTO policy)."""
-    name = type(recipe).__name__
-    recipe.fp8_format = _check_format(recipe.fp8_format)
-    recipe.rounding = _check_rounding(name, recipe.rounding)
-    if not isinstance(recipe.auto, AutoFormat):
-        raise TypeError(f"{name}.auto must be an fp8mix.auto_format.AutoFormat, got {type(recipe.auto).__name__}")
-    recipe.auto.__post_init__()
+class _Recipe:
+    """What every recipe answers for the modules (no isinstance ladders there)."""
+
+    fp8_format: Format
+    rounding: types.MappingProxyType
+    auto: AutoFormat
+    margin: int
+    power_2_scale: bool
+
+    def _check_common(self) -> None:
+        name = type(self).__name__
+        object.__setattr__(self, "fp8_format", _check_format(self.fp8_format))
+        object.__setattr__(self, "rounding", _check_rounding(name, self.rounding))
+        if not isinstance(self.auto, AutoFormat):
+            raise TypeError(f"{name}.auto must be an fp8mix.auto_format.AutoFormat, got {type(self.auto).__name__}")
+        _check_bool("power_2_scale", self.power_2_scale)
+        _check_margin(name, self.margin)
+
+    def delayed(self) -> bool:
+        """Whether scales come from an amax history (DelayedScaling)."""
+        return False
+
+    def granularity(self, role: str) -> Granularity:
+        """Where the scales of `role`'s tensor apply."""
+        return Granularity.TENSOR
+
+    def format(self, role: str) -> Format:
+        """The encoding of `role` (Format.AUTO: HYBRID's until a layer decides otherwise)."""
+        return role_format(self.fp8_format, role)
+
+    def rounding_of(self, role: str) -> str:
+        """``"nearest"`` or ``"stochastic"`` for `role`."""
+        return self.rounding[role]
+
+    def stochastic(self) -> bool:
+        """Whether any role rounds stochastically."""
+        return any(v == "stochastic" for v in self.rounding.values())
+
+    def __hash__(self) -> int:  # rounding is a read-only mapping: hash its items
+        items = []
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            v = getattr(self, f.name)
+            items.append(tuple(sorted(v.items())) if isinstance(v, types.MappingProxyType) else v)
+        return hash((type(self).__name__, *items))
 
 
-@dataclasses.dataclass
-class DelayedScaling:
+@dataclasses.dataclass(frozen=True, eq=True)
+class DelayedScaling(_Recipe):
     """Delayed scaling, as Transformer Engine's default recipe.
 
     Each layer keeps, per tensor role, a history of the last `amax_history_len` amaxes.
     The scale used for a cast is ``fp8_max / amax / 2**margin`` where amax is the max of
     the history (``"max"``), its newest entry (``"most_recent"``) or a callable on the
-    (L,) history tensor. The history rolls once per use of the role: every forward call
-    of the layer records the amax of its input and weight, every backward call the amax
-    of its grad_output (see fp8mix.linear for why). Scales are recomputed every
-    `interval` such steps. An amax of 0 or not finite keeps the previous scale; a scale
-    that would be infinite becomes the largest float32. The first cast of a role (empty
-    history) uses the tensor's own amax instead of an uninitialised scale of 1.
+    (L,) history tensor (run in Python, ~10 small ops per record). The history rolls once
+    per use of the role: every training forward of the layer records the amax of its
+    input and weight, and the next training forward records the grad_output amax of each
+    backward since (see fp8mix.nn.fp8_state). Scales are recomputed every `interval` such
+    records. An amax of 0 or not finite keeps the previous scale; a scale that would be
+    infinite becomes the largest float32. The first cast of a role (empty history) uses
+    the tensor's own amax instead of an uninitialised scale of 1.
     """
 
     margin: int = 0
@@ -113,11 +161,10 @@ class DelayedScaling:
     amax_history_len: int = 1024
     amax_compute_algo: Union[str, Callable] = "max"
     power_2_scale: bool = False
-    rounding: Union[str, dict] = "nearest"
+    rounding: Union[str, dict, types.MappingProxyType] = "nearest"
     auto: AutoFormat = dataclasses.field(default_factory=AutoFormat)
 
     def __post_init__(self):
-        _check_margin("DelayedScaling", self.margin)
         if not isinstance(self.interval, int) or isinstance(self.interval, bool) or self.interval < 1:
             raise ValueError(f"DelayedScaling.interval must be an int >= 1, got {self.interval!r}")
         if (not isinstance(self.amax_history_len, int) or isinstance(self.amax_history_len, bool)
@@ -126,35 +173,27 @@ class DelayedScaling:
         if not callable(self.amax_compute_algo) and self.amax_compute_algo not in ("max", "most_recent"):
             raise ValueError("DelayedScaling.amax_compute_algo must be 'max', 'most_recent' or a callable, "
                              f"got {self.amax_compute_algo!r}")
-        _check_common(self)
-        _check_bool("power_2_scale", self.power_2_scale)
+        self._check_common()
 
     def delayed(self) -> bool:
         return True
 
-
-def _check_margin(owner: str, margin) -> None:
-    if not isinstance(margin, int) or isinstance(margin, bool) or not 0 <= margin <= 126:
-        raise ValueError(f"{owner}.margin must be an int in [0, 126], got {margin!r}")
+    __hash__ = _Recipe.__hash__
 
 
-class _JustInTime:
-    """Fields and checks shared by the recipes whose scales come from the tensor itself."""
+class _JustInTime(_Recipe):
+    """Checks shared by the recipes whose scales come from the tensor itself."""
+
+    amax_epsilon: float
 
     def __post_init__(self):
-        name = type(self).__name__
-        _check_common(self)
-        _check_bool("power_2_scale", self.power_2_scale)
+        self._check_common()
         eps = self.amax_epsilon
         if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0.0 <= float(eps) < float("inf"):
-            raise ValueError(f"{name}.amax_epsilon must be finite and >= 0, got {eps!r}")
-        _check_margin(name, self.margin)
-
-    def delayed(self) -> bool:
-        return False
+            raise ValueError(f"{type(self).__name__}.amax_epsilon must be finite and >= 0, got {eps!r}")
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True, eq=True)
 class CurrentScaling(_JustInTime):
     """Current (just-in-time) per-tensor scaling: ``scale = fp8_max / max(amax, amax_epsilon)``
     from the tensor itself at cast time; amax of 0 or not finite gives scale 1."""
@@ -163,11 +202,13 @@ class CurrentScaling(_JustInTime):
     power_2_scale: bool = False
     amax_epsilon: float = 0.0
     margin: int = 0
-    rounding: Union[str, dict] = "nearest"
+    rounding: Union[str, dict, types.MappingProxyType] = "nearest"
     auto: AutoFormat = dataclasses.field(default_factory=AutoFormat)
 
+    __hash__ = _Recipe.__hash__
 
-@dataclasses.dataclass
+
+@dataclasses.dataclass(frozen=True, eq=True)
 class BlockScaling(_JustInTime):
     """DeepSeek-V3 block scaling: activations and gradients in 1x128 tiles along the
     reduction dimension, weights in 128x128 blocks, each tile with its own current
@@ -177,9 +218,16 @@ class BlockScaling(_JustInTime):
     power_2_scale: bool = False
     amax_epsilon: float = 0.0
     margin: int = 0
-    rounding: Union[str, dict] = "nearest"
+    rounding: Union[str, dict, types.MappingProxyType] = "nearest"
     auto: AutoFormat = dataclasses.field(default_factory=AutoFormat)
 
+    def granularity(self, role: str) -> Granularity:
+        return Granularity.BLOCK2D if role == "weight" else Granularity.BLOCK
+
+    __hash__ = _Recipe.__hash__
+
+
+RECIPES = (DelayedScaling, CurrentScaling, BlockScaling)
 
 # Transformer Engine 2.x spellings
 Float8CurrentScaling = CurrentScaling

@@ -61,7 +61,7 @@ class Float8Tensor:
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The represented values: ``data * scale_inv`` in float32, then rounded to `dtype`."""
-        return ops.dequantize(self.data, self.scale_inv, GRANULARITIES[self.granularity], dtype)
+        return ops.dequantize(self.data, self.scale_inv, granularity=GRANULARITIES[self.granularity], out_dtype=dtype)
 
     def t(self) -> "Float8Tensor":
         """The 2-D transpose as a view (for GEMM operands: ``scaled_mm(x8, w8.t())``).

@@ -127,7 +127,7 @@ def bytes_of(q: torch.Tensor) -> np.ndarray:
 
 def fp8mix_cast(x: torch.Tensor, scale, f: Fmt, saturate: bool, gran: int = 0, **kw) -> np.ndarray:
     s = scale if isinstance(scale, torch.Tensor) else torch.tensor(scale, dtype=torch.float32)
-    q, _, _ = ops.cast(x, s, f.tdt, gran, saturate, **kw)
+    q, _, _ = torch.ops.fp8mix.cast(x, s, f.tdt, gran, saturate, **kw)
     return bytes_of(q)
 
 
@@ -491,7 +491,7 @@ def test_sr_determinism_and_counter():
     s = torch.tensor(1.0)
 
     def sr(xx, seed, offset):
-        return bytes_of(ops.cast(xx, s, torch.float8_e4m3fn, 0, True, True, seed, offset)[0])
+        return bytes_of(torch.ops.fp8mix.cast(xx, s, torch.float8_e4m3fn, 0, True, True, seed, offset)[0])
 
     a = sr(x, 5, 0)
     assert np.array_equal(a, sr(x, 5, 0)), "same seed+offset must give the same bytes"
@@ -513,10 +513,10 @@ def test_sr_same_bytes_for_any_thread_count():
     x = torch.from_numpy(log_uniform(1 << 21, -12, 8, rng)).reshape(512, -1)
     args = (torch.tensor(1.0), torch.float8_e4m3fn, 0, True, True, 11, 7)
     torch.set_num_threads(1)
-    one = bytes_of(ops.cast(x, *args)[0])
+    one = bytes_of(torch.ops.fp8mix.cast(x, *args)[0])
     ct1 = fp8mix.cast_transpose(x, scale=1.0, rounding="stochastic", seed=11, offset=7)
     torch.set_num_threads(4)
-    many = bytes_of(ops.cast(x, *args)[0])
+    many = bytes_of(torch.ops.fp8mix.cast(x, *args)[0])
     ct4 = fp8mix.cast_transpose(x, scale=1.0, rounding="stochastic", seed=11, offset=7)
     assert np.array_equal(one, many)
     assert torch.equal(ct1[1].data.view(torch.uint8), ct4[1].data.view(torch.uint8))
@@ -642,7 +642,7 @@ def test_amax(gran, dtype_name):
             assert got.dtype == torch.float32 and got.shape == exp.shape, (what, got.shape, exp.shape)
             assert_f32_bits_equal(got, exp, what)
             # the fused cast's per-tensor amax is of the input, before scaling
-            am = ops.cast(x, torch.tensor(0.125), torch.float8_e4m3fn, 0)[2]
+            am = torch.ops.fp8mix.cast(x, torch.tensor(0.125), torch.float8_e4m3fn, 0)[2]
             assert_f32_bits_equal(am, exp_t, what + " (cast's amax)")
             if name == "nan/inf":
                 nan_bits = got[torch.isnan(got)].view(torch.int32)
@@ -687,7 +687,7 @@ def ref_compute_scale(am: np.ndarray, fmax: float, margin=0, pow2=False, eps=0.0
 def test_compute_scale(f, pow2, margin, eps):
     am = np.array([0.0, np.nan, np.inf, 1e-45, 1e-38, 3.4e38, 2.0, 3.0, 448.0, 1e-4, 12345.678, 0.1, 1.0],
                   np.float32)
-    s, si = ops.compute_scale(torch.from_numpy(am), f.tdt, margin, pow2, eps)
+    s, si = torch.ops.fp8mix.compute_scale(torch.from_numpy(am), f.tdt, margin, pow2, eps)
     es, esi = ref_compute_scale(am, f.max, margin, pow2, eps)
     assert_f32_bits_equal(s, es, f"compute_scale scale margin={margin} pow2={pow2} eps={eps}")
     assert_f32_bits_equal(si, esi, f"compute_scale scale_inv margin={margin} pow2={pow2} eps={eps}")
@@ -949,9 +949,9 @@ BAD_CASES = [
     ("amax int", lambda: fp8mix.amax(torch.arange(3)), TypeError, ["float32"]),
     ("cast_transpose f64", lambda: fp8mix.cast_transpose(torch.ones(2, 2, dtype=torch.float64)), TypeError,
      ["float64"]),
-    ("ops.cast int", lambda: ops.cast(torch.arange(3), torch.tensor(1.0), torch.float8_e4m3fn, 0), TypeError,
+    ("ops.cast int", lambda: torch.ops.fp8mix.cast(torch.arange(3), torch.tensor(1.0), torch.float8_e4m3fn, 0), TypeError,
      ["float32"]),
-    ("ops.cast not fp8", lambda: ops.cast(X, torch.tensor(1.0), torch.float16, 0), TypeError, ["float8"]),
+    ("ops.cast not fp8", lambda: torch.ops.fp8mix.cast(X, torch.tensor(1.0), torch.float16, 0), TypeError, ["float8"]),
     ("scale shape row", lambda: fp8mix.quantize(X, scale=torch.ones(3), granularity="row"), ValueError,
      ["scale", "4"]),
     ("scale shape tensor", lambda: fp8mix.quantize(X, scale=torch.ones(2)), ValueError, ["scale"]),
@@ -975,7 +975,7 @@ BAD_CASES = [
     ("cast_transpose scale 0", lambda: fp8mix.cast_transpose(X, scale=torch.tensor(0.0)), ValueError, ["scale"]),
     ("granularity", lambda: fp8mix.quantize(X, granularity="col"), ValueError, ["granularity", "col"]),
     ("amax granularity", lambda: fp8mix.amax(X, "bogus"), ValueError, ["granularity", "bogus"]),
-    ("ops granularity", lambda: ops.cast(X, torch.tensor(1.0), torch.float8_e4m3fn, 7), ValueError,
+    ("ops granularity", lambda: torch.ops.fp8mix.cast(X, torch.tensor(1.0), torch.float8_e4m3fn, 7), ValueError,
      ["granularity"]),
     ("cast_transpose row", lambda: fp8mix.cast_transpose(X, granularity="row"), ValueError, ["granularity"]),
     ("rounding", lambda: fp8mix.quantize(X, rounding="up"), ValueError, ["rounding", "up"]),
@@ -996,7 +996,7 @@ BAD_CASES = [
     ("dequantize scale_inv nan",
      lambda: fp8mix.dequantize(Float8Tensor(fp8mix.quantize(X).data, torch.tensor(float("nan")))),
      ValueError, ["scale_inv"]),
-    ("compute_scale margin", lambda: ops.compute_scale(torch.ones(2), torch.float8_e4m3fn, -1), ValueError,
+    ("compute_scale margin", lambda: torch.ops.fp8mix.compute_scale(torch.ones(2), torch.float8_e4m3fn, -1), ValueError,
      ["margin"]),
     ("set_max_isa", lambda: ops.set_max_isa("sse9"), ValueError, ["sse9"]),
 ]
@@ -1051,9 +1051,9 @@ def test_empty_tensors(shape):
     attempt("quantize(scale=2.0)", q_scale)
     attempt("cast_transpose(scale=None)", lambda: ct(None))
     attempt("cast_transpose(scale=1.0)", lambda: ct(1.0))
-    attempt("ops.cast", lambda: ops.cast(x, torch.tensor(1.0), torch.float8_e4m3fn, 0))
+    attempt("ops.cast", lambda: torch.ops.fp8mix.cast(x, torch.tensor(1.0), torch.float8_e4m3fn, 0))
     q8 = torch.empty(shape, dtype=torch.float8_e4m3fn)
-    attempt("ops.dequantize", lambda: ops.dequantize(q8, torch.tensor(1.0), 0, torch.float32))
+    attempt("ops.dequantize", lambda: torch.ops.fp8mix.dequantize(q8, torch.tensor(1.0), 0, torch.float32))
     if failures:
         pytest.fail(f"LIBRARY BUG: empty input {shape} rejected:\n  " + "\n  ".join(failures))
 
@@ -1095,32 +1095,52 @@ def test_torch_compile_fullgraph(backend):
 _NO_SCHEMA = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
 
 
+def _delayed_state():
+    h = torch.zeros(16, 3)
+    h[:3, 0] = torch.tensor([2.0, 5.0, 1.0])
+    return h, torch.tensor([4.0, 1.0, 8.0]), torch.tensor([3, 0, 2], dtype=torch.int64)
+
+
 def _opcheck_cases():
+    R = torch.ops.fp8mix
     x = torch.randn(5, 300)
     x3 = torch.randn(2, 3, 200, dtype=torch.bfloat16)
     s1 = torch.tensor(2.0)
     e4, e5 = torch.float8_e4m3fn, torch.float8_e5m2
-    q = ops.cast(x, s1, e4, 0)[0]
-    b = ops.cast(torch.randn(7, 300), s1, e5, 0)[0]
+    q = R.cast(x, s1, e4, 0)[0]
+    b = R.cast(torch.randn(7, 300), s1, e5, 0)[0]
+    rng = torch.tensor([12345, 8], dtype=torch.int64)
+    pend, slot = torch.tensor([-1.0, 3.0, -1.0]), torch.tensor(1, dtype=torch.int64)
     return [
-        ("cast", ops.cast, (x, s1, e4, 0), {}, None),
-        ("cast_t_sr", ops.cast, (x.t(), s1, e5, 0), dict(transpose=True, stochastic=True, seed=3), None),
-        ("cast_rows", ops.cast, (x3, torch.rand(2, 3, 1) + 0.5, e4, 1), {}, None),
-        ("quantize_current", ops.quantize_current, (x, e4, 2), {}, None),
-        ("quantize_current_3d", ops.quantize_current, (x3, e5, 3, 1, True), dict(transpose=True), None),
-        ("amax", ops.amax, (x3, 2), {}, None),
-        ("amax_row", ops.amax, (x, 1), {}, None),
-        ("compute_scale", ops.compute_scale, (torch.rand(4, 3), e4), {}, None),
-        ("compute_scale_noncontig", ops.compute_scale, (torch.rand(4, 3).t(), e4, 1, True), {}, None),
-        ("dequantize", ops.dequantize, (q, torch.tensor(0.5), 0, torch.bfloat16), {}, _NO_SCHEMA),
-        ("dequantize_block", ops.dequantize, (q, torch.rand(5, 3) + 0.5, 2, torch.float16), {}, _NO_SCHEMA),
-        ("scaled_mm", ops.scaled_mm, (q, b.t(), torch.tensor(0.5), torch.tensor(0.25)), {}, _NO_SCHEMA),
-        ("scaled_mm_bias", ops.scaled_mm, (q, b.t(), torch.tensor(0.5), torch.tensor(0.25)),
-         dict(bias=torch.randn(7), out_dtype=torch.bfloat16), _NO_SCHEMA),
+        ("cast", R.cast, (x, s1, e4, 0), {}, None),
+        ("cast_t_sr", R.cast, (x.t(), s1, e5, 0), dict(transpose=True, stochastic=True, seed=3), None),
+        ("cast_rows", R.cast, (x3, torch.rand(2, 3, 1) + 0.5, e4, 1), {}, None),
+        ("cast_inf_to_nan_rng", R.cast, (x, s1, e4, 0), dict(inf_to_nan=True, rng=rng, rng_skip=4), None),
+        ("quantize_current", R.quantize_current, (x, e4, 2), {}, None),
+        ("quantize_current_3d", R.quantize_current, (x3, e5, 3, 1, True), dict(transpose=True), None),
+        ("amax", R.amax, (x3, 2), {}, None),
+        ("amax_row", R.amax, (x, 1), {}, None),
+        ("compute_scale", R.compute_scale, (torch.rand(4, 3), e4), {}, None),
+        ("compute_scale_noncontig", R.compute_scale, (torch.rand(4, 3).t(), e4, 1, True), {}, None),
+        ("dequantize", R.dequantize, (q, torch.tensor(0.5), 0, torch.bfloat16), {}, _NO_SCHEMA),
+        ("dequantize_block", R.dequantize, (q, torch.rand(5, 3) + 0.5, 2, torch.float16), {}, _NO_SCHEMA),
+        ("scaled_mm", R.scaled_mm, (q, b.t(), torch.tensor(0.5), torch.tensor(0.25)), {}, _NO_SCHEMA),
+        ("scaled_mm_bias", R.scaled_mm, (q, b.t(), torch.tensor(0.5), torch.tensor(0.25)),
+         dict(bias=torch.randn(7), out_dtype=torch.bfloat16, scale_kind_a=0, scale_kind_b=0), _NO_SCHEMA),
+        ("quant_stats", R.quant_stats, (x, q, torch.tensor(0.5), 0), {}, _NO_SCHEMA),
+        ("delayed_cast", R.delayed_cast, (x, *_delayed_state(), 0, 8, e4), dict(transpose=True, inf_to_nan=True),
+         None),
+        ("delayed_cast_fresh_readonly", R.delayed_cast, (x3, *_delayed_state(), 1, 4, e4),
+         dict(record=False, fresh_amax=torch.tensor(7.0)), None),
+        ("delayed_record", R.delayed_record, (*_delayed_state(), 2, 4, torch.tensor(3.0), e5), {}, None),
+        ("delayed_flush", R.delayed_flush, (*_delayed_state(), pend, slot, 2, 8, e5), {}, None),
+        ("grad_cast", R.grad_cast, (x, e5), dict(plan=torch.tensor([4.0, 0.0]), pending=pend.clone(),
+                                                 slot=slot.clone(), transpose=True, colsum=True), None),
+        ("grad_cast_current_bf16", R.grad_cast, (x3, e4), dict(colsum=True, margin=1), None),
     ]
 
 
-@pytest.mark.parametrize("idx", range(13), ids=[c[0] for c in _opcheck_cases()])
+@pytest.mark.parametrize("idx", range(len(_opcheck_cases())), ids=[c[0] for c in _opcheck_cases()])
 def test_opcheck(idx):
     name, op, args, kwargs, utils = _opcheck_cases()[idx]
     kw = {} if utils is None else dict(test_utils=utils)
@@ -1137,6 +1157,7 @@ def test_opcheck(idx):
 
 def test_opcheck_schema_on_fp8_inputs_is_a_torch_limitation():
     """Documents why test_schema is skipped above: it fails inside torch, not fp8mix."""
-    q = ops.cast(torch.randn(4, 8), torch.tensor(1.0), torch.float8_e4m3fn, 0)[0]
+    q = torch.ops.fp8mix.cast(torch.randn(4, 8), torch.tensor(1.0), torch.float8_e4m3fn, 0)[0]
     with pytest.raises(Exception, match="not implemented for 'Float8_e4m3fn'"):
-        torch.library.opcheck(ops.dequantize, (q, torch.tensor(1.0), 0, torch.float32), test_utils=("test_schema",))
+        torch.library.opcheck(torch.ops.fp8mix.dequantize, (q, torch.tensor(1.0), 0, torch.float32),
+                              test_utils=("test_schema",))

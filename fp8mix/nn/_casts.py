@@ -1,0 +1,246 @@
+"""The FP8 casts of a linear layer's three GEMMs, per recipe, and the per-call plan.
+
+    forward  y[M,N]  = x[M,K]  . W^T       x and W cast (input, weight roles)
+    dgrad    dx[M,K] = dy[M,N] . W         dy cast (grad_output role)
+    wgrad    dW      = dy^T . x  (or x^T . dy for a (K, N) weight)
+
+A Linear keeps W as (N, K) ("out_in"); Hugging Face's Conv1D as (K, N) ("in_out"). The C
+GEMM reads B in either layout, so only the wgrad operands differ: out_in layers save x
+and cast dy with its transpose, in_out layers save x^T and cast dy alone.
+
+Every call makes a :class:`Plan`: what the forward decided (recipe, formats, scales,
+stochastic-rounding offsets, whether it records), kept for its backward and, under
+activation checkpointing, for the recompute, which repeats it (``replay``).
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import ops
+from ..formats import Format, Granularity, fp8_dtype
+from ..ops import DelayedSpec
+
+__all__ = ["Plan", "forward_casts", "grad_casts", "delayed_spec", "all_reduce_max"]
+
+_IN, _W, _G = 0, 1, 2
+_TENSOR, _BLOCK, _BLOCK2D = Granularity.TENSOR, Granularity.BLOCK, Granularity.BLOCK2D
+
+
+class Plan:
+    """What one forward call decided, for its backward (and its checkpoint recompute)."""
+
+    __slots__ = ("recipe", "group", "out_dtype", "fmts", "record", "layout", "x_scales", "w_scales", "w_cached",
+                 "g_plan", "g_slot", "grad_fresh", "rng", "skips", "monitor", "name", "auto_use", "module",
+                 "region", "replayed_by", "backward_done", "__weakref__")
+
+    def __init__(self, recipe, group, out_dtype, fmts, record: bool, layout: str):
+        self.recipe = recipe
+        self.group = group              # process group amaxes are all-reduced over, or None
+        self.out_dtype = out_dtype
+        self.fmts = fmts                # Format per role
+        self.record = record            # a training forward: records amaxes, its backward too
+        self.layout = layout            # "out_in" (Linear) or "in_out" (Conv1D)
+        self.x_scales = None            # delayed: [scale, scale_inv] the input cast used
+        self.w_scales = None            # delayed: ... the weight cast used
+        self.w_cached = None            # (wq, w_sinv) reused from is_first_microbatch=True
+        self.g_plan = None              # delayed: [grad scale, fresh] for backward
+        self.g_slot = None              # delayed, recording: the pending slot backward fills
+        self.grad_fresh = False         # Python mirror of g_plan[1] (distributed path only)
+        self.rng = None                 # stochastic rounding: [key, offset] at the forward
+        self.skips = {}                 # role -> offset of its words from rng's offset
+        self.monitor = None             # a Monitor sampling this step (eager)
+        self.name = ""
+        self.auto_use = -1              # Format.AUTO: the grad_output use backward evaluates
+        self.module = None              # the module (AUTO votes and observers in backward)
+        self.backward_done = False
+
+
+def delayed_spec(recipe) -> DelayedSpec:
+    algo = recipe.amax_compute_algo
+    return DelayedSpec(history_len=recipe.amax_history_len, margin=recipe.margin, power_2_scale=recipe.power_2_scale,
+                       algo=algo if isinstance(algo, str) else "max", interval=recipe.interval)
+
+
+def all_reduce_max(t: torch.Tensor, group) -> None:
+    if group is not None:
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX, group=group)
+
+
+def _sr(plan: Plan, role: int) -> dict:
+    """rng / rng_skip keywords of a cast of `role` (empty: round to nearest)."""
+    skip = plan.skips.get(role)
+    return {} if skip is None else {"rng": plan.rng, "rng_skip": skip}
+
+
+def _current(x2, fmt: Format, recipe, gran, group, *, transpose=False, sr=None):
+    """Current scaling of a 2-D tensor: (q, qt, scale_inv, amax); with a process group the
+    amaxes are all-reduced first so that every rank uses the same scales."""
+    sr = sr or {}
+    eps = float(getattr(recipe, "amax_epsilon", 0.0))
+    if group is None:
+        return ops.quantize_current(x2, fp8_dtype(fmt), granularity=gran, margin=recipe.margin,
+                                    power_2_scale=recipe.power_2_scale, amax_epsilon=eps, transpose=transpose,
+                                    inf_to_nan=True, **sr)
+    am = ops.amax(x2, granularity=gran)
+    all_reduce_max(am, group)
+    scale, sinv = ops.compute_scale(am, fp8_dtype(fmt), margin=recipe.margin, power_2_scale=recipe.power_2_scale,
+                                    amax_epsilon=eps)
+    q, qt, _ = ops.cast(x2, scale, fp8_dtype(fmt), granularity=gran, transpose=transpose, inf_to_nan=True, **sr)
+    return q, qt, sinv, am
+
+
+def _delayed(m, t2, role: int, plan: Plan, replay, *, transpose=False):
+    """Delayed-scaling cast of a forward tensor: (q, qt, scales [scale, scale_inv])."""
+    fmt, sr = plan.fmts[role], _sr(plan, role)
+    if replay is not None:  # a checkpoint recompute: the original forward's scale, no record
+        scales = replay.x_scales if role == _IN else replay.w_scales
+        q, qt, _ = ops.cast(t2, scales[0:1], fp8_dtype(fmt), transpose=transpose, inf_to_nan=True, **sr)
+        return q, qt, scales
+    recipe = plan.recipe
+    spec = delayed_spec(recipe)
+    state = (m.fp8_amax_history, m.fp8_scale, m.fp8_steps)
+    if callable(recipe.amax_compute_algo) or plan.group is not None:
+        return _delayed_composed(m, t2, role, plan, spec, transpose)
+    q, qt, scales, _ = ops.delayed_cast(t2, *state, role=role, fp8_dtype=fp8_dtype(fmt), spec=spec,
+                                        record=plan.record, transpose=transpose, inf_to_nan=True, **sr)
+    return q, qt, scales
+
+
+def _delayed_composed(m, t2, role: int, plan: Plan, spec: DelayedSpec, transpose: bool):
+    """The delayed cast from its parts, for what one C op cannot do: all-reducing amaxes
+    over ranks between the passes, or a Python amax_compute_algo."""
+    fmt, sr, group, recipe = plan.fmts[role], _sr(plan, role), plan.group, plan.recipe
+    state = (m.fp8_amax_history, m.fp8_scale, m.fp8_steps)
+    fresh = None
+    if m._maybe_fresh[role] and group is not None:  # a first use scales from the all-reduced amax
+        fresh = ops.amax(t2)
+        all_reduce_max(fresh, group)
+    q, qt, scales, am = ops.delayed_cast(t2, *state, role=role, fp8_dtype=fp8_dtype(fmt), spec=spec, record=False,
+                                         transpose=transpose, inf_to_nan=True, fresh_amax=fresh, **sr)
+    if plan.record:
+        all_reduce_max(am, group)
+        before = m.fp8_scale[role:role + 1].clone() if callable(recipe.amax_compute_algo) else None
+        ops.delayed_record(*state, am, role=role, fp8_dtype=fp8_dtype(fmt), spec=spec)
+        if before is not None:
+            python_algo_scale(m, role, recipe, fmt, before)
+        m._maybe_fresh[role] = False
+    return q, qt, scales
+
+
+def python_algo_scale(m, role: int, recipe, fmt: Format, before: torch.Tensor) -> None:
+    """A callable amax_compute_algo: redo the record's scale rule (fp8mix_delayed_record)
+    with the callable's value on the (L,) history in place of the max."""
+    h = m.fp8_amax_history[: recipe.amax_history_len, role]
+    v = recipe.amax_compute_algo(h.clone())
+    try:
+        a = torch.as_tensor(v, dtype=torch.float32, device=h.device)
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError("DelayedScaling.amax_compute_algo must return one number (a float or a 1-element "
+                        f"tensor), got {type(v).__name__}") from None
+    if a.numel() != 1:
+        raise ValueError(f"DelayedScaling.amax_compute_algo must return one number, got a tensor of shape "
+                         f"{tuple(a.shape)}")
+    a = a.reshape(1)
+    kw = dict(margin=recipe.margin, power_2_scale=recipe.power_2_scale)
+    s_algo, _ = ops.compute_scale(a, fp8_dtype(fmt), **kw)
+    s_first, _ = ops.compute_scale(h[0:1].contiguous(), fp8_dtype(fmt), **kw)
+    steps = m.fp8_steps[role]
+    base = torch.where((steps == 1) & (h[0:1] > 0), s_first, before)   # the first record scales from itself
+    due = torch.isfinite(a) & (a > 0) & (steps % recipe.interval == 0)
+    m.fp8_scale[role:role + 1] = torch.where(due, s_algo, base)
+
+
+def forward_casts(m, x2: torch.Tensor, w: torch.Tensor, plan: Plan, replay, is_first_microbatch):
+    """(xq, x_sinv, x_save, x_save_sinv, wq, w_sinv): the forward GEMM's operands and what
+    backward keeps of x for wgrad (None: xq itself)."""
+    recipe = plan.recipe
+    in_out = plan.layout == "in_out"
+    if recipe.granularity("input") == _BLOCK:
+        xq, _, x_sinv, _ = _current(x2, plan.fmts[_IN], recipe, _BLOCK, plan.group, sr=_sr(plan, _IN))
+        sr2 = _sr(plan, 3)  # the second cast of x has its own random words
+        if in_out:  # wgrad's A = x^T in 1x128 tiles along M
+            x_save, _, x_save_sinv, _ = _current(x2.t(), plan.fmts[_IN], recipe, _BLOCK, plan.group, sr=sr2)
+        else:  # wgrad's B = x in 128x128 blocks
+            x_save, _, x_save_sinv, _ = _current(x2, plan.fmts[_IN], recipe, _BLOCK2D, plan.group, sr=sr2)
+    elif recipe.delayed():
+        xq, xqt, plan.x_scales = _delayed(m, x2, _IN, plan, replay, transpose=in_out)
+        x_sinv = plan.x_scales[1]
+        x_save, x_save_sinv = (xqt, x_sinv) if in_out else (None, None)
+    else:
+        xq, xqt, x_sinv, _ = _current(x2, plan.fmts[_IN], recipe, _TENSOR, plan.group, transpose=in_out,
+                                      sr=_sr(plan, _IN))
+        x_save, x_save_sinv = (xqt, x_sinv) if in_out else (None, None)
+    wq, w_sinv = _weight(m, w, plan, replay, is_first_microbatch)
+    return xq, x_sinv, x_save, x_save_sinv, wq, w_sinv
+
+
+def _weight_key(m, w: torch.Tensor, plan: Plan):
+    r = plan.recipe
+    return (type(r), plan.fmts[_W], r.margin, r.power_2_scale, tuple(w.shape), w.dtype, r.rounding_of("weight"))
+
+
+def _weight(m, w: torch.Tensor, plan: Plan, replay, is_first_microbatch):
+    """FP8 weight and its scale_inv. is_first_microbatch: None casts every call; True casts
+    and keeps the result; False reuses what the last True call kept (Transformer Engine's
+    gradient-accumulation convention)."""
+    if replay is not None and replay.w_cached is not None:
+        plan.w_cached = replay.w_cached
+        return replay.w_cached
+    if is_first_microbatch is False:
+        key = _weight_key(m, w, plan)
+        if m._wcache is None or m._wcache[0] != key:
+            raise RuntimeError(f"fp8mix.{type(m).__name__}: is_first_microbatch=False but no FP8 weight was cached "
+                               "by an is_first_microbatch=True call under this recipe (cast format, margin, "
+                               "rounding and weight shape must match)")
+        plan.w_cached = m._wcache[1:]
+        plan.fmts[_W] = m._wcache[0][1]
+        return plan.w_cached
+    recipe = plan.recipe
+    if recipe.delayed():
+        wq, _, plan.w_scales = _delayed(m, w, _W, plan, replay)
+        w_sinv = plan.w_scales[1]
+    else:
+        wq, _, w_sinv, _ = _current(w, plan.fmts[_W], recipe, recipe.granularity("weight"), plan.group,
+                                    sr=_sr(plan, _W))
+    if is_first_microbatch:
+        m._wcache = (_weight_key(m, w, plan), wq, w_sinv)
+    return wq, w_sinv
+
+
+def grad_casts(m, dy2: torch.Tensor, plan: Plan, g_plan, g_slot, rng, want_db: bool):
+    """grad_output casts: (gq for dgrad, g_sinv, wgrad operand from dy, its scale_inv,
+    bias gradient in float32 or None, granularity of gq)."""
+    recipe, fmt = plan.recipe, plan.fmts[_G]
+    in_out = plan.layout == "in_out"
+    sr = {} if plan.skips.get(_G) is None else {"rng": rng, "rng_skip": plan.skips[_G]}
+    if recipe.granularity("grad_output") == _BLOCK:  # 1x128 tiles along N for dgrad
+        gq, _, g_sinv, _ = _current(dy2, fmt, recipe, _BLOCK, plan.group, sr=sr)
+        sr2 = {} if plan.skips.get(4) is None else {"rng": rng, "rng_skip": plan.skips[4]}
+        if in_out:  # wgrad's B = dy in 128x128 blocks
+            gw, _, gw_sinv, _ = _current(dy2, fmt, recipe, _BLOCK2D, plan.group, sr=sr2)
+        else:  # wgrad's A = dy^T in 1x128 tiles along M
+            gw, _, gw_sinv, _ = _current(dy2.t(), fmt, recipe, _BLOCK, plan.group, sr=sr2)
+        db = dy2.sum(0, dtype=torch.float32) if want_db else None
+        return gq, g_sinv, gw, gw_sinv, db, _BLOCK
+    fresh_or_current = not recipe.delayed() or plan.grad_fresh
+    if plan.group is not None and fresh_or_current:  # every rank the same scale: all-reduce first
+        gq, gqt, g_sinv, am = _current(dy2, fmt, recipe, _TENSOR, plan.group, transpose=not in_out, sr=sr)
+        if plan.record and recipe.delayed():
+            _keep_pending(m, am, g_slot)
+            m._maybe_fresh[_G] = False
+        db = dy2.sum(0, dtype=torch.float32) if want_db else None
+        return gq, g_sinv, (gq if in_out else gqt), g_sinv, db, _TENSOR
+    pending = m.fp8_grad_pending if (plan.record and recipe.delayed()) else None
+    gq, gqt, g_sinv, _, db = ops.grad_cast(
+        dy2, fp8_dtype(fmt), plan=g_plan if recipe.delayed() else None, pending=pending,
+        slot=g_slot if pending is not None else None, margin=recipe.margin, power_2_scale=recipe.power_2_scale,
+        amax_epsilon=float(getattr(recipe, "amax_epsilon", 0.0)), transpose=not in_out, colsum=want_db, **sr)
+    return gq, g_sinv, (gq if in_out else gqt), g_sinv, (db if want_db else None), _TENSOR
+
+
+def _keep_pending(m, am: torch.Tensor, slot: torch.Tensor) -> None:
+    """pending[slot] = max(pending[slot], amax or 0 when not finite): the composed form of
+    grad_cast's pending update (distributed path)."""
+    v = torch.where(torch.isfinite(am), am, torch.zeros_like(am)).reshape(())
+    cur = m.fp8_grad_pending[slot]
+    m.fp8_grad_pending[slot] = torch.maximum(cur, v)

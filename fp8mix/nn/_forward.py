@@ -1,0 +1,206 @@
+"""One FP8 linear forward, shared by fp8mix.Linear and fp8mix.nn.Conv1D: decide what kind
+of forward this is (training, read-only, a checkpoint's recompute), make the plan,
+cast, and call the autograd function.
+
+    training   grad enabled and module.training (or fp8_autocast(calibrating=True)):
+               records amaxes, reserves its backward's slot, advances the random stream
+    read-only  no_grad / inference_mode / eval(): reads the FP8 state, writes nothing
+    replay     a non-reentrant checkpoint's recompute: repeats the original forward's
+               plan (fp8mix.nn.checkpoint), writes nothing
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from .. import ops
+from ..autocast import current_frame, note_module_ran
+from ..formats import Format, Granularity, fp8_dtype
+from ._casts import Plan, all_reduce_max, delayed_spec, forward_casts, python_algo_scale
+from ._function import FP8LinearFunction
+from .checkpoint import in_recompute, under_saved_tensor_hooks
+from .observe import auto_forward, monitor_forward
+
+__all__ = ["fp8_forward", "reduce_group", "hp_out_dtype"]
+
+log = logging.getLogger("fp8mix")
+_HP = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def hp_out_dtype(x: torch.Tensor, module_dtype: torch.dtype) -> torch.dtype:
+    dev = x.device.type
+    if dev in ("cpu", "cuda") and torch.is_autocast_enabled(dev):
+        return torch.get_autocast_dtype(dev)
+    return module_dtype
+
+
+def reduce_group(group):
+    """The process group amaxes are all-reduced over, or None when there is nothing to reduce."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return None
+    if group is None:
+        group = torch.distributed.group.WORLD
+    return group if torch.distributed.get_world_size(group) > 1 else None
+
+
+def _check_input(m, x: torch.Tensor, in_features: int) -> None:
+    name = type(m).__name__
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"fp8mix.{name}: input must be a tensor, got {type(x).__name__}")
+    if x.dim() == 0 or x.shape[-1] != in_features:
+        raise ValueError(f"fp8mix.{name}: input has shape {tuple(x.shape)}, expected (..., {in_features})")
+    if x.dtype not in _HP:
+        raise TypeError(f"fp8mix.{name}: input must be float32, bfloat16 or float16, got {x.dtype}")
+    if x.device != m.weight.device:
+        raise ValueError(f"fp8mix.{name}: input is on {x.device}, weight on {m.weight.device}")
+    if x.device.type != "cpu" and not ops.has_kernels("scaled_mm", x.device):
+        raise NotImplementedError(f"fp8mix.{name}: this build has no FP8 kernels for {x.device}; "
+                                  "run outside fp8_autocast or build fp8mix with CUDA")
+
+
+def _small_or_empty(m, x: torch.Tensor, in_f: int, out_f: int) -> bool:
+    if min(in_f, out_f) < m.fp8_min_features or x.numel() == 0:
+        if not getattr(m, "_fallback_logged", False):
+            log.debug("fp8mix.%s(%d, %d): running in high precision (%s)", type(m).__name__, in_f, out_f,
+                      "empty input" if x.numel() == 0 else f"fewer than {m.fp8_min_features} features")
+            m._fallback_logged = True
+        return True
+    return False
+
+
+def _round4(n: int) -> int:
+    return -(-n // 4) * 4
+
+
+def _plan_rounding(m, plan: Plan, rows: int, in_f: int, out_f: int, weight_cast: bool, wants_grad: bool) -> None:
+    """Stochastic rounding: the random words of this call's casts, from the layer's stream
+    (fp8_rng [key, offset]), reserved by the forward for its backward too. A training
+    forward advances the stream past them; a read-only one reuses the current offset."""
+    r = plan.recipe
+    if not r.stochastic():
+        return
+    block = r.granularity("input") == Granularity.BLOCK  # BlockScaling casts x and dy twice
+    sizes = [(0, "input", rows * in_f, True), (3, "input", rows * in_f, block),
+             (1, "weight", m.weight.numel(), weight_cast), (2, "grad_output", rows * out_f, wants_grad),
+             (4, "grad_output", rows * out_f, wants_grad and block)]
+    off = 0
+    for key, role, n, used in sizes:
+        if used and r.rounding_of(role) == "stochastic":
+            plan.skips[key] = off
+            off += _round4(n)
+    if not plan.skips:
+        return
+    plan.rng = m.fp8_rng.clone()
+    if plan.record:
+        with torch.no_grad():
+            m.fp8_rng[1:].add_(off)
+
+
+def _grad_plan(m, plan: Plan, wants_grad: bool) -> None:
+    """Delayed scaling: record the grad_output amaxes earlier backwards left (training
+    forwards only), and take the scale and slot this call's backward uses."""
+    recipe = plan.recipe
+    fmt = fp8_dtype(plan.fmts[2])
+    if plan.group is not None and plan.record:
+        all_reduce_max(m.fp8_grad_pending, plan.group)
+    if callable(recipe.amax_compute_algo) and plan.record:
+        _flush_python_algo(m, recipe, plan.fmts[2])
+    plan.g_plan, plan.g_slot = ops.delayed_flush(
+        m.fp8_amax_history, m.fp8_scale, m.fp8_steps, m.fp8_grad_pending, m.fp8_grad_slot, role=2, fp8_dtype=fmt,
+        spec=delayed_spec(recipe), record=plan.record, reserve=plan.record and wants_grad)
+    plan.grad_fresh = m._maybe_fresh[2]
+
+
+def _flush_python_algo(m, recipe, fmt) -> None:
+    """The flush of a callable amax_compute_algo: each pending amax recorded in ring order
+    with the callable's scale rule (eager; host reads of the ring)."""
+    spec = delayed_spec(recipe)
+    slots = m.fp8_grad_pending.numel()
+    head = int(m.fp8_grad_slot)
+    for t in range(slots):
+        k = (head + t) % slots
+        if float(m.fp8_grad_pending[k]) >= 0:
+            before = m.fp8_scale[2:3].clone()
+            ops.delayed_record(m.fp8_amax_history, m.fp8_scale, m.fp8_steps, m.fp8_grad_pending[k:k + 1].clone(),
+                               role=2, fp8_dtype=fp8_dtype(fmt), spec=spec)
+            python_algo_scale(m, 2, recipe, fmt, before)
+            m.fp8_grad_pending[k] = -1.0
+
+
+def fp8_forward(m, x: torch.Tensor, weight: torch.Tensor, bias, *, layout: str, in_features: int,
+                out_features: int, is_first_microbatch, hp_forward):
+    """The module's forward under fp8_autocast (hp_forward(x): its high-precision forward)."""
+    recompute = in_recompute() and torch.is_grad_enabled()
+    replay = m._replay.take() if recompute else None
+    frame = current_frame()
+    if replay is None:
+        if frame is None and recompute and m._nograd_frame is not None:
+            frame = m._nograd_frame  # a reentrant recompute outside fp8_autocast: its forward's context
+        if frame is None or not (frame.enabled or frame.calibrating):
+            return hp_forward(x)
+        if not frame.enabled:  # calibrating=True, enabled=False
+            return _calibrate(m, x, weight, frame, hp_forward, in_features, out_features)
+        recipe = frame.recipe
+    else:
+        recipe = replay.recipe
+    _check_input(m, x, in_features)
+    note_module_ran()
+    if _small_or_empty(m, x, in_features, out_features):
+        return hp_forward(x)
+    eager = not torch.compiler.is_compiling()
+    wants_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+    weight_cast = is_first_microbatch is not False
+    record = replay is None and ((torch.is_grad_enabled() and m.training) or frame.calibrating)
+    if replay is None and not record:
+        m._nograd_frame = frame  # for a reentrant checkpoint's recompute of this forward
+    elif record and not recompute:
+        m._nograd_frame = None
+    x2 = x.reshape(-1, in_features)
+    group = replay.group if replay is not None else reduce_group(frame.group)
+    auto_use = -1
+    if replay is None and recipe.fp8_format is Format.AUTO and eager and record:
+        auto_use = auto_forward(m, x2.detach(), weight.detach(), recipe, frame.monitor, wants_grad, weight_cast)
+    fmts = list(replay.fmts) if replay is not None else [m._fmt(recipe, r) for r in range(3)]
+    plan = Plan(recipe, group, hp_out_dtype(x, weight.dtype), fmts, record, layout)
+    plan.module, plan.auto_use = m, auto_use
+    if replay is not None:
+        plan.rng, plan.skips = replay.rng, replay.skips
+        plan.g_plan, plan.g_slot, plan.grad_fresh = replay.g_plan, replay.g_slot, replay.grad_fresh
+    else:
+        _plan_rounding(m, plan, x2.shape[0], in_features, out_features, weight_cast, wants_grad)
+        if recipe.delayed():
+            _grad_plan(m, plan, wants_grad)
+    monitor = frame.monitor if replay is None else None
+    if monitor is not None and eager and record and monitor.sampling:
+        plan.monitor, plan.name = monitor, m._fp8_label()
+    with torch.no_grad():
+        xq, x_sinv, x_save, x_save_sinv, wq, w_sinv = forward_casts(m, x2.detach(), weight.detach(), plan, replay,
+                                                                    is_first_microbatch)
+        if plan.monitor is not None:
+            monitor_forward(m, plan, x2.detach(), xq, x_sinv, wq, w_sinv, weight_cast)
+    if record and wants_grad and not recompute and under_saved_tensor_hooks():
+        m._replay.push(plan)  # a checkpoint may recompute this forward: it will repeat this plan
+    pending = m.fp8_grad_pending if (record and recipe.delayed()) else None
+    y2 = FP8LinearFunction.apply(x2, weight, bias, xq, x_sinv, x_save, x_save_sinv, wq, w_sinv, plan.g_plan,
+                                 plan.g_slot, pending, plan.rng, plan)
+    return y2.reshape(*x.shape[:-1], out_features)
+
+
+def _calibrate(m, x, weight, frame, hp_forward, in_features: int, out_features: int):
+    """fp8_autocast(enabled=False, calibrating=True): high precision, and a delayed recipe's
+    input and weight amaxes recorded (Transformer Engine's calibration)."""
+    recipe = frame.recipe
+    if recipe.delayed() and x.numel() and min(in_features, out_features) >= m.fp8_min_features:
+        _check_input(m, x, in_features)
+        note_module_ran()
+        spec = delayed_spec(recipe)
+        group = reduce_group(frame.group)
+        with torch.no_grad():
+            for role, t in ((0, x.reshape(-1, in_features)), (1, weight)):
+                am = ops.amax(t.detach())
+                all_reduce_max(am, group)
+                ops.delayed_record(m.fp8_amax_history, m.fp8_scale, m.fp8_steps, am, role=role,
+                                   fp8_dtype=fp8_dtype(m._fmt(recipe, role)), spec=spec)
+                m._maybe_fresh[role] = False
+    return hp_forward(x)

@@ -1,0 +1,137 @@
+"""The autograd function of an FP8 linear layer: the three scaled GEMMs.
+
+Forward casts happen before apply() (fp8mix.nn._casts); the function runs the forward
+GEMM, keeps the FP8 operands backward needs (1 byte per element of x), and in backward
+casts dy once (with its transpose and the bias gradient's column sums in the same
+op) and runs dgrad and wgrad. A non-finite value in x, W or dy casts to NaN
+(``inf_to_nan``), so the outputs and gradients become NaN as a high-precision layer's
+would, and any gradient scaler skips the step, with no host check.
+
+Backward writes only the grad_output amax it leaves for the next forward
+(``fp8_grad_pending[slot]``, max over backward passes). Under ``create_graph=True``
+(double backward, e.g. gradient penalties) it computes with differentiable float32
+matmuls of the dequantised FP8 operands, straight through the casts: second-order
+gradients through dx (w.r.t. dy and W) are exact for those values; through dW with
+respect to x they would need x in high precision, which the FP8 layer does not keep,
+and asking for them raises an error naming fp8mix.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import ops
+from ..formats import Granularity
+from ..ops import MmScale
+from ._casts import Plan, grad_casts
+from .observe import observe_grad
+
+__all__ = ["FP8LinearFunction"]
+
+_KINDS = {Granularity.TENSOR: (MmScale.TENSOR, MmScale.TENSOR), Granularity.BLOCK: (MmScale.BLOCK, MmScale.BLOCK)}
+
+
+def _kinds(plan: Plan):
+    return _KINDS[Granularity.BLOCK if plan.recipe.granularity("input") == Granularity.BLOCK else Granularity.TENSOR]
+
+
+def _block_t(s: torch.Tensor, plan: Plan) -> torch.Tensor:
+    """A 128x128-block weight scale as the other GEMM operand layout needs it."""
+    return s.t().contiguous() if plan.recipe.granularity("weight") == Granularity.BLOCK2D else s
+
+
+class FP8LinearFunction(torch.autograd.Function):
+    """y = x W^T + b (W as (N, K)) or x W + b (W as (K, N), layout "in_out")."""
+
+    @staticmethod
+    def forward(ctx, x2, weight, bias, xq, x_sinv, x_save, x_save_sinv, wq, w_sinv, g_plan, g_slot, pending, rng,
+                plan: Plan):
+        in_out = plan.layout == "in_out"
+        b = wq if in_out else wq.t()  # (K, N): row-major for in_out, column-major (w.t()) for Linear
+        sb = w_sinv if in_out else _block_t(w_sinv, plan)
+        y = ops.scaled_mm(xq, b, x_sinv, sb, bias=bias, out_dtype=plan.out_dtype, scale_kinds=_kinds(plan))
+        if x_save is None:  # per-tensor recipes of a Linear keep the forward's FP8 x itself
+            x_save, x_save_sinv = xq, x_sinv
+        ctx.save_for_backward(x_save, x_save_sinv, wq, w_sinv, g_plan, g_slot, rng)
+        ctx.plan = plan
+        ctx.pending = pending  # a buffer: backward leaves its amax there (mutated in place)
+        ctx.x_dtype = x2.dtype
+        ctx.bias_dtype = bias.dtype if bias is not None else None
+        ctx.w_dtype = weight.dtype
+        if not torch.compiler.is_compiling():
+            ctx.weight = weight  # the Parameter itself, for a double backward's graph
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x_save, x_sinv, wq, w_sinv, g_plan, g_slot, rng = ctx.saved_tensors
+        plan = ctx.plan
+        if not torch.compiler.is_compiling():
+            plan.backward_done = True  # (checkpoint replay bookkeeping, eager only)
+        dy2 = dy if dy.dtype in (torch.float32, torch.bfloat16, torch.float16) else dy.float()
+        want_db = ctx.bias_dtype is not None and ctx.needs_input_grad[2]
+        gq, g_sinv, gw, gw_sinv, db, gran = grad_casts(plan.module, dy2, plan, g_plan, g_slot, rng, want_db)
+        if not torch.compiler.is_compiling() and plan.record:
+            observe_grad(plan, dy2, gq, g_sinv, gran)
+        if torch.is_grad_enabled():  # create_graph=True
+            return _double_backward(ctx, dy2, gq, g_sinv, x_save, x_sinv, wq, w_sinv, gran)
+        in_out = plan.layout == "in_out"
+        kinds = _kinds(plan)
+        dx = dw = None
+        if ctx.needs_input_grad[0]:  # dx = dy W (Linear) or dy W^T (in_out)
+            b = wq.t() if in_out else wq
+            sb = _block_t(w_sinv, plan) if in_out else w_sinv
+            dx = ops.scaled_mm(gq, b, g_sinv, sb, out_dtype=ctx.x_dtype, scale_kinds=kinds)
+        if ctx.needs_input_grad[1]:  # dW = dy^T x (Linear) or x^T dy (in_out)
+            if in_out:
+                dw = ops.scaled_mm(x_save, gw, x_sinv, gw_sinv, out_dtype=ctx.w_dtype, scale_kinds=kinds)
+            else:
+                dw = ops.scaled_mm(gw, x_save, gw_sinv, x_sinv, out_dtype=ctx.w_dtype, scale_kinds=kinds)
+        if db is not None and ctx.bias_dtype != torch.float32:
+            db = db.to(ctx.bias_dtype)
+        return dx, dw, db, None, None, None, None, None, None, None, None, None, None, None
+
+
+class _NoSecondOrderThroughX(torch.autograd.Function):
+    """Marks the dequantised x of a double backward: differentiating through it raises."""
+
+    @staticmethod
+    def forward(ctx, xd, anchor):
+        return xd.view_as(xd)
+
+    @staticmethod
+    def backward(ctx, g):
+        raise RuntimeError("fp8mix: a second-order gradient through an FP8 layer's weight gradient with respect to "
+                           "its input is not available (the FP8 forward keeps x only in FP8); run that layer outside "
+                           "fp8_autocast for this loss (gradients through dx, as in gradient penalties on the "
+                           "input, are supported)")
+
+
+def _deq(q: torch.Tensor, sinv: torch.Tensor, gran) -> torch.Tensor:
+    return ops.dequantize(q, sinv.reshape(ops.scale_shape(q, gran)) if gran == Granularity.TENSOR else sinv,
+                          granularity=gran, out_dtype=torch.float32)
+
+
+def _double_backward(ctx, dy2, gq, g_sinv, x_save, x_sinv, wq, w_sinv, gran):
+    """Differentiable backward (create_graph=True) on the dequantised FP8 operands."""
+    plan = ctx.plan
+    if gran == Granularity.BLOCK:
+        raise NotImplementedError("fp8mix: double backward (create_graph=True) through a BlockScaling layer is not "
+                                  "supported; use a per-tensor recipe or run that layer outside fp8_autocast")
+    dy_live = dy2.float()
+    dyd = _deq(gq, g_sinv, gran) + (dy_live - dy_live.detach())  # value: the FP8 dy; d/d(dy) = identity
+    wd = _deq(wq, w_sinv, Granularity.TENSOR)
+    weight = getattr(ctx, "weight", None)
+    if weight is not None:
+        w_live = weight.float()
+        wd = wd + (w_live - w_live.detach())  # value: the FP8 W; d/dW = identity
+    in_out = plan.layout == "in_out"
+    dx = dw = db = None
+    if ctx.needs_input_grad[0]:  # Linear: dy W; in_out: dy W^T
+        dx = (dyd @ (wd.t() if in_out else wd)).to(ctx.x_dtype)
+    if ctx.needs_input_grad[1]:
+        xd = _NoSecondOrderThroughX.apply(_deq(x_save, x_sinv, Granularity.TENSOR),
+                                          torch.zeros((), requires_grad=True))
+        dw = (xd @ dyd if in_out else dyd.t() @ xd).to(ctx.w_dtype)  # in_out keeps x^T (K, M)
+    if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
+        db = dyd.sum(0).to(ctx.bias_dtype)
+    return dx, dw, db, None, None, None, None, None, None, None, None, None, None, None

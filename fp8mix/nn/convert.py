@@ -1,0 +1,219 @@
+"""convert_model / unconvert_model, and moving checkpoints between plain and converted models.
+
+Conversion changes modules in place (their class becomes the FP8 one and they gain the
+FP8 state buffers), so every Parameter, hook and attribute stays, an optimizer made
+before keeps working, and a module registered under several names stays one module.
+What is converted: ``torch.nn.Linear`` (also with the hook-based ``weight_norm``) to
+:class:`fp8mix.Linear`, and Hugging Face's ``transformers.pytorch_utils.Conv1D`` (GPT-2)
+to :class:`fp8mix.nn.Conv1D`. Linear-like modules that are not converted are reported
+with the reason: subclasses of nn.Linear (they may compute otherwise: LoRA layers,
+quantised layers), parametrized Linears (``torch.nn.utils.parametrize``), and the output
+projection of ``nn.MultiheadAttention``, which uses its weight directly.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from typing import Callable, Optional
+
+import torch
+import torch.nn as nn
+
+from ..recipe import RECIPES
+from .conv1d import Conv1D
+from .fp8_state import FP8_STATE_KEYS, FP8StateMixin
+from .linear import Linear
+
+__all__ = ["convert_model", "unconvert_model", "strip_fp8_state", "load_fp8_state", "ConversionReport"]
+
+log = logging.getLogger("fp8mix")
+
+
+def _is_hf_conv1d(m: nn.Module) -> bool:
+    t = type(m)
+    return t.__name__ == "Conv1D" and t.__module__.startswith("transformers") and hasattr(m, "nf")
+
+
+def _linear_like(m: nn.Module) -> bool:
+    return isinstance(m, nn.Linear) or _is_hf_conv1d(m)
+
+
+def _skip_reason(m: nn.Module) -> Optional[str]:
+    """Why a Linear-like module is not converted (None: it is converted)."""
+    if isinstance(m, nn.modules.linear.NonDynamicallyQuantizableLinear):
+        return "the output projection of nn.MultiheadAttention, which uses its weight directly (never its forward)"
+    if torch.nn.utils.parametrize.is_parametrized(m):
+        return "a parametrized Linear (torch.nn.utils.parametrize): its weight is computed; not converted"
+    if type(m) is nn.Linear or _is_hf_conv1d(m):
+        return None
+    return (f"a subclass of nn.Linear ({type(m).__module__}.{type(m).__qualname__}) may compute otherwise; "
+            "not converted (convert it yourself, or exclude it with module_filter_fn to silence this)")
+
+
+class ConversionReport(list):
+    """What convert_model did: a list of converted names, with ``skipped`` ({name: reason})."""
+
+    def __init__(self):
+        super().__init__()
+        self.skipped: dict = {}
+
+
+def _convert_one(m: nn.Module) -> None:
+    device = m.weight.device
+    m._fp8_orig_class = type(m)
+    m.__class__ = Conv1D if _is_hf_conv1d(m) else Linear
+    if isinstance(m, Conv1D) and not hasattr(m, "nx"):
+        m.nx = int(m.weight.shape[0])
+    m._init_fp8_state(device)
+
+
+def convert_model(model: nn.Module, *, module_filter_fn: Optional[Callable[[nn.Module, str], bool]] = None,
+                  recipe=None) -> nn.Module:
+    """Turn every ``nn.Linear`` (and Hugging Face ``Conv1D``) of `model` into its fp8mix
+    version in place, keeping its Parameters, and return `model`.
+
+    Args:
+        module_filter_fn: ``fn(module, fqn) -> bool`` (torchao's signature); modules for which
+            it returns False stay in high precision, e.g. the first and last layers, to raise
+            the FP8 share of a model step by step.
+        recipe: accepted for symmetry with Transformer Engine; the recipe is chosen by
+            :func:`fp8mix.fp8_autocast` at run time.
+
+    The modules converted and those left out (with the reason) are logged at INFO level and
+    kept in ``model.fp8_conversion`` (a list of names with ``.skipped``: {name: reason});
+    Linear-like modules left out for a reason other than the filter warn, and so does a
+    conversion that converts nothing.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"convert_model expects an nn.Module, got {type(model).__name__}")
+    if recipe is not None and not isinstance(recipe, RECIPES):
+        raise TypeError(f"convert_model: recipe must be an fp8mix.recipe object or None, got {type(recipe).__name__}")
+    if module_filter_fn is not None and not callable(module_filter_fn):
+        raise TypeError("module_filter_fn must be callable (module, fqn) -> bool")
+    report = ConversionReport()
+    seen: set = set()
+    for fqn, m in model.named_modules(remove_duplicate=False):
+        if id(m) in seen or isinstance(m, FP8StateMixin) or not _linear_like(m):
+            continue
+        seen.add(id(m))
+        name = fqn or type(model).__name__
+        if module_filter_fn is not None and not module_filter_fn(m, fqn):
+            report.skipped[name] = "module_filter_fn returned False"
+            continue
+        reason = _skip_reason(m)
+        if reason is not None:
+            report.skipped[name] = reason
+            continue
+        _convert_one(m)
+        report.append(name)
+    _report(model, report)
+    return model
+
+
+def _report(model: nn.Module, report: ConversionReport) -> None:
+    try:
+        model.fp8_conversion = report  # type: ignore[assignment]
+    except (AttributeError, TypeError):  # a module class that forbids new attributes
+        pass
+    log.info("fp8mix.convert_model: converted %d layer(s)%s", len(report),
+             "" if not report.skipped else "; left in high precision: " +
+             "; ".join(f"{k} ({v})" for k, v in report.skipped.items()))
+    odd = {k: v for k, v in report.skipped.items() if v != "module_filter_fn returned False"}
+    if odd:
+        warnings.warn("fp8mix.convert_model left these Linear-like modules in high precision: " +
+                      "; ".join(f"{k}: {v}" for k, v in odd.items()), UserWarning, stacklevel=3)
+    if not report:
+        warnings.warn(f"fp8mix.convert_model: no layer of {type(model).__name__} was converted (it has no "
+                      "nn.Linear or Conv1D, or the filter excluded them all)", UserWarning, stacklevel=3)
+
+
+def _original_class(m: nn.Module):
+    orig = m.__dict__.get("_fp8_orig_class")
+    if orig is not None:
+        return orig
+    if isinstance(m, Linear):
+        return nn.Linear
+    try:  # an fp8mix Conv1D built directly: back to Hugging Face's when it is installed
+        from transformers.pytorch_utils import Conv1D as HFConv1D
+        return HFConv1D
+    except ImportError:
+        raise TypeError("fp8mix.unconvert_model: an fp8mix Conv1D has no high-precision class to return to "
+                        "without transformers installed") from None
+
+
+def unconvert_model(model: nn.Module) -> nn.Module:
+    """The reverse of :func:`convert_model`, in place: fp8mix modules become ``nn.Linear``
+    (or Hugging Face ``Conv1D``) again with the same Parameters, without the FP8 state."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"unconvert_model expects an nn.Module, got {type(model).__name__}")
+    for m in [m for m in model.modules() if isinstance(m, (Linear, Conv1D))]:
+        cls = _original_class(m)
+        for h in m.__dict__.pop("_fp8_hooks", []):
+            h.remove()
+        for k in FP8_STATE_KEYS:
+            m._buffers.pop(k, None)
+        for k in [k for k in m.__dict__ if k.startswith(("_fp8", "_wcache", "_replay", "_nograd", "_auto_",
+                                                          "_maybe_fresh", "_fallback"))]:
+            del m.__dict__[k]
+        m.__class__ = cls
+    return model
+
+
+def strip_fp8_state(state_dict: dict) -> dict:
+    """A copy of `state_dict` without fp8mix's FP8 state entries: what the plain (not
+    converted) model loads with ``strict=True``."""
+    return type(state_dict)((k, v) for k, v in state_dict.items() if k.rsplit(".", 1)[-1] not in FP8_STATE_KEYS)
+
+
+def _read_checkpoint(source) -> dict:
+    """A state dict from a dict, a torch.save file, a safetensors file, or a Hugging Face
+    checkpoint folder (model.safetensors, sharded or not, or pytorch_model.bin)."""
+    if isinstance(source, dict):
+        return source
+    path = os.fspath(source)
+    if os.path.isdir(path):
+        names = sorted(os.listdir(path))
+        st = [n for n in names if n.endswith(".safetensors")]
+        if st:
+            out: dict = {}
+            for n in st:
+                out.update(_read_checkpoint(os.path.join(path, n)))
+            return out
+        bins = [n for n in names if n.endswith(".bin") or n.endswith(".pt")]
+        if not bins:
+            raise FileNotFoundError(f"fp8mix.load_fp8_state: no checkpoint file (*.safetensors, *.bin, *.pt) in {path}")
+        out = {}
+        for n in bins:
+            out.update(torch.load(os.path.join(path, n), map_location="cpu", weights_only=True))
+        return out
+    if path.endswith(".safetensors"):
+        from safetensors.torch import load_file
+        return load_file(path)
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def load_fp8_state(model: nn.Module, source) -> list:
+    """Restore the FP8 state of `model`'s fp8mix modules from `source` (a state dict, a
+    file, or a Hugging Face checkpoint folder written by ``save_pretrained``): the round
+    trip ``save_pretrained`` -> ``from_pretrained`` -> ``convert_model`` -> this. Only the
+    FP8 state entries are read. Returns the names of the modules restored; a module whose
+    state is absent from `source` keeps its fresh state and is named in a warning."""
+    sd = _read_checkpoint(source)
+    restored, absent = [], []
+    for name, m in model.named_modules():
+        if not isinstance(m, FP8StateMixin):
+            continue
+        prefix = f"{name}." if name else ""
+        sub = {k: sd[prefix + k] for k in FP8_STATE_KEYS if prefix + k in sd}
+        if not sub:
+            absent.append(name)
+            continue
+        current = m.state_dict()
+        current.update(sub)
+        m.load_state_dict(current, strict=True)
+        restored.append(name)
+    if absent:
+        warnings.warn(f"fp8mix.load_fp8_state: no FP8 state for {absent} in the checkpoint; they start fresh",
+                      UserWarning, stacklevel=2)
+    return restored

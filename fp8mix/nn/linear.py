@@ -1,0 +1,87 @@
+"""fp8mix.Linear: a drop-in nn.Linear whose three GEMMs run in FP8 under fp8_autocast.
+
+    forward  y[M,N]  = x[M,K]  . W[N,K]^T     E4M3 x E4M3 (HYBRID)
+    dgrad    dx[M,K] = dy[M,N] . W[N,K]       E5M2 x E4M3
+    wgrad    dW[N,K] = dy^T[N,M] . x[M,K]     E5M2 x E4M3
+
+Outside fp8_autocast it is nn.Linear, bit for bit. Inside, x and W are cast to FP8
+(one fused pass each, amax included), the FP8 x (1 byte/element) is what backward
+keeps, and dy is cast once into dy and dy^T (with the bias gradient's column sums).
+Master weights, bias, gradients and outputs stay in high precision. The FP8 state (amax
+histories, scales, ...) is fp8mix.nn.fp8_state's; the casts per recipe are
+fp8mix.nn._casts'; checkpointing is fp8mix.nn.checkpoint's.
+
+Gradient accumulation: ``layer(x, is_first_microbatch=True)`` casts and keeps the FP8
+weight, ``False`` reuses it (no re-cast, no amax record) — Transformer Engine's
+convention. It is explicit because a parameter's version counter misses writes through
+``.data`` and FSDP2's all-gather copies, so automatic detection could serve a stale FP8
+weight (and, under FSDP2, make ranks disagree on collectives).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..autocast import as_bool
+from ._forward import fp8_forward
+from .fp8_state import FP8StateMixin
+
+__all__ = ["Linear", "LinearForward"]
+
+
+class LinearForward:
+    """The forward of an nn.Linear-shaped FP8 module (weight (out, in), bias (out))."""
+
+    fp8_min_features = 16
+
+    def forward(self, x: torch.Tensor, is_first_microbatch=None) -> torch.Tensor:
+        """y = x W^T + b; in FP8 inside fp8_autocast.
+
+        is_first_microbatch (as Transformer Engine): None (default) casts the weight every
+        call; with gradient accumulation pass True on the first micro-batch of a step (cast
+        and keep the FP8 weight) and False on the others (reuse it: no re-cast, no amax
+        record). Ignored outside fp8_autocast."""
+        if is_first_microbatch is not None:
+            as_bool(f"fp8mix.{type(self).__name__}", "is_first_microbatch", is_first_microbatch)
+        return fp8_forward(self, x, self.weight, self.bias, layout="out_in", in_features=self.in_features,
+                           out_features=self.out_features, is_first_microbatch=is_first_microbatch,
+                           hp_forward=self._hp_forward)
+
+    def _hp_forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + ", fp8=True"  # type: ignore[misc]
+
+
+class Linear(FP8StateMixin, LinearForward, nn.Linear):
+    """Drop-in replacement for :class:`torch.nn.Linear` with FP8 GEMMs under
+    :func:`fp8mix.fp8_autocast`.
+
+    Same signature, parameters, initialisation and state_dict keys as nn.Linear (plus
+    the FP8 state buffers, optional when loading). Layers with fewer than
+    ``fp8_min_features`` input or output features run in high precision even inside
+    fp8_autocast (FP8 costs more than it saves there); a debug log line says so.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None):
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self._init_fp8_state(self.weight.device)
+
+    @classmethod
+    def from_linear(cls, lin: nn.Linear) -> "Linear":
+        """An fp8mix.Linear sharing `lin`'s weight and bias Parameters (no copy) and hooks."""
+        new = cls.__new__(cls)
+        nn.Module.__init__(new)
+        new.in_features, new.out_features = lin.in_features, lin.out_features
+        new.weight = lin.weight
+        if lin.bias is None:
+            new.register_parameter("bias", None)
+        else:
+            new.bias = lin.bias
+        new._init_fp8_state(lin.weight.device)
+        new.train(lin.training)
+        new._forward_hooks.update(lin._forward_hooks)
+        new._forward_pre_hooks.update(lin._forward_pre_hooks)
+        return new
