@@ -39,6 +39,9 @@ class GradStats:
         self._counts: Optional[torch.Tensor] = None
         self._max_overflow: Optional[torch.Tensor] = None  # the largest overflow fraction of one cast
 
+    def __reduce__(self):  # a copy (pickle, deepcopy) starts empty and inactive
+        return (GradStats, ())
+
     def activate(self) -> None:
         """Start receiving the counts of gradient casts (idempotent)."""
         with _lock:

@@ -39,6 +39,7 @@ __all__ = ["DelayedScaling", "CurrentScaling", "BlockScaling", "Float8CurrentSca
            "ROLES", "role_format", "RECIPES"]
 
 ROLES = ("input", "weight", "grad_output")
+MAX_HISTORY = 2 ** 20  # amaxes per role; the history is rolled on every record, so longer is only slower
 _ROUNDINGS = ("nearest", "stochastic")
 _ROLE_ALIASES = {"grad": "grad_output", "gradient": "grad_output", "activation": "input"}
 
@@ -168,8 +169,9 @@ class DelayedScaling(_Recipe):
         if not isinstance(self.interval, int) or isinstance(self.interval, bool) or self.interval < 1:
             raise ValueError(f"DelayedScaling.interval must be an int >= 1, got {self.interval!r}")
         if (not isinstance(self.amax_history_len, int) or isinstance(self.amax_history_len, bool)
-                or self.amax_history_len < 1):
-            raise ValueError(f"DelayedScaling.amax_history_len must be an int >= 1, got {self.amax_history_len!r}")
+                or not 1 <= self.amax_history_len <= MAX_HISTORY):
+            raise ValueError(f"DelayedScaling.amax_history_len must be an int in [1, {MAX_HISTORY}], "
+                             f"got {self.amax_history_len!r}")
         if not callable(self.amax_compute_algo) and self.amax_compute_algo not in ("max", "most_recent"):
             raise ValueError("DelayedScaling.amax_compute_algo must be 'max', 'most_recent' or a callable, "
                              f"got {self.amax_compute_algo!r}")

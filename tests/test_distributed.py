@@ -215,11 +215,13 @@ def test_ddp_ranks_identical(runs, recipe):
     r0, r1 = _get(runs, f"ddp_{recipe}")
     assert r0["fp8"].keys() == r1["fp8"].keys()
     if recipe == "delayed":
-        assert len(r0["fp8"]) == 15  # 3 layers x (history, scale, steps, rng, auto)
+        assert len(r0["fp8"]) == 21  # 3 layers x (history, scale, steps, grad_pending, grad_slot, rng, auto)
         for k, v in r0["fp8"].items():
             assert torch.equal(v, r1["fp8"][k]), f"FP8 state {k} differs between ranks:\n{v}\n{r1['fp8'][k]}"
         steps = [v for k, v in r0["fp8"].items() if k.endswith("fp8_steps")]
-        assert all(s.tolist() == [STEPS] * 3 for s in steps), steps
+        assert all(s.tolist() == [STEPS, STEPS, STEPS - 1] for s in steps), steps  # the last grad amax pending
+        pend = [v for k, v in r0["fp8"].items() if k.endswith("fp8_grad_pending")]
+        assert all((p >= 0).sum() == 1 for p in pend), pend
     for k, v in r0["params"].items():
         assert torch.equal(v, r1["params"][k]), f"parameter {k} differs between ranks"
 

@@ -23,11 +23,9 @@ INF, NAN = float("inf"), float("nan")
 def _clean_grad_stats():
     """No counts leak into or out of a test, and every test releases the collection it took."""
     before = grad_stats.enabled()
-    grad_stats.pop()
     yield
     if grad_stats.enabled() != before:
-        gc.collect()  # scalers a test dropped release their collection in their finalizer
-    grad_stats.pop()
+        gc.collect()  # a scaler a test dropped stops collecting when it is collected
     assert grad_stats.enabled() == before, "a test left fp8mix.grad_stats collection on"
 
 
@@ -418,7 +416,7 @@ def test_pickle_and_deepcopy():
         _feedback_run(s, m, opt, 0, 3)
         for clone in (pickle.loads(pickle.dumps(s)), copy.deepcopy(s)):
             assert clone.state_dict() == s.state_dict()
-            assert clone._stats_release is None  # takes its own collection when used
+            assert not clone._stats.is_active and clone._stats is not s._stats  # its own collector, idle
         x, y = _batch(0)
         s.scale(nn.functional.mse_loss(m(x), y)).backward()
         s.unscale_(opt)
@@ -475,12 +473,34 @@ def test_feedback_off_ignores_counts():
     m = _model()
     opt = torch.optim.SGD(m.parameters(), lr=0.05)
     s = FP8GradScaler(init_scale=2.0 ** 10, fp8_feedback=False)
-    grad_stats.enable(True)  # someone else collects: this scaler still ignores the counts
+    other = grad_stats.GradStats()
+    other.activate()  # someone else collects: this scaler still ignores the counts
     try:
         assert _feedback_step(s, m, opt, 0, dict(overflow=500, underflow=500, nonfinite=3))
         assert s.get_scale() == 2.0 ** 10 and s.last_fp8_stats is None
+        got = other.pop()
+        assert got is not None and got["overflow"] == 500 and got["nonfinite"] == 3  # the other one saw them
     finally:
-        grad_stats.enable(False)
+        other.deactivate()
+
+
+def test_two_scalers_each_see_every_count():
+    """Each scaler owns its collector: two sampling scalers both receive a cast's counts
+    (one module-global sum would hand them to whichever read first)."""
+    a, b = grad_stats.GradStats(), grad_stats.GradStats()
+    a.activate()
+    b.activate()
+    try:
+        _inject(underflow=7)
+        _inject(overflow=2)
+        for c in (a, b):
+            d = c.pop()
+            assert d["underflow"] == 7 and d["overflow"] == 2 and d["numel"] == 2000
+            assert d["max_overflow_frac"] == pytest.approx(0.002)
+            assert c.pop() is None
+    finally:
+        a.deactivate()
+        b.deactivate()
 
 
 def test_overflow_backs_off_without_skipping(fb):

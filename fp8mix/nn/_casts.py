@@ -222,20 +222,32 @@ def grad_casts(m, dy2: torch.Tensor, plan: Plan, g_plan, g_slot, rng, want_db: b
             gw, _, gw_sinv, _ = _current(dy2.t(), fmt, recipe, _BLOCK, plan.group, sr=sr2)
         db = dy2.sum(0, dtype=torch.float32) if want_db else None
         return gq, g_sinv, gw, gw_sinv, db, _BLOCK
-    fresh_or_current = not recipe.delayed() or plan.grad_fresh
-    if plan.group is not None and fresh_or_current:  # every rank the same scale: all-reduce first
-        gq, gqt, g_sinv, am = _current(dy2, fmt, recipe, _TENSOR, plan.group, transpose=not in_out, sr=sr)
-        if plan.record and recipe.delayed():
-            _keep_pending(m, am, g_slot)
-            m._maybe_fresh[_G] = False
-        db = dy2.sum(0, dtype=torch.float32) if want_db else None
-        return gq, g_sinv, (gq if in_out else gqt), g_sinv, db, _TENSOR
+    if plan.group is not None:  # every rank the same scale, and the same amax left pending
+        return _grad_casts_distributed(m, dy2, plan, g_plan, g_slot, sr, want_db)
     pending = m.fp8_grad_pending if (plan.record and recipe.delayed()) else None
     gq, gqt, g_sinv, _, db = ops.grad_cast(
         dy2, fp8_dtype(fmt), plan=g_plan if recipe.delayed() else None, pending=pending,
         slot=g_slot if pending is not None else None, margin=recipe.margin, power_2_scale=recipe.power_2_scale,
         amax_epsilon=float(getattr(recipe, "amax_epsilon", 0.0)), transpose=not in_out, colsum=want_db, **sr)
     return gq, g_sinv, (gq if in_out else gqt), g_sinv, (db if want_db else None), _TENSOR
+
+
+def _grad_casts_distributed(m, dy2, plan: Plan, g_plan, g_slot, sr: dict, want_db: bool):
+    """grad_casts from parts, with the amax all-reduced over the ranks: for current
+    scaling (and a role's first use) before the cast, for delayed scaling after it, so that
+    the pending amax (what the next forward records) is the same on every rank."""
+    recipe, fmt, in_out = plan.recipe, plan.fmts[_G], plan.layout == "in_out"
+    if not recipe.delayed() or plan.grad_fresh:
+        gq, gqt, g_sinv, am = _current(dy2, fmt, recipe, _TENSOR, plan.group, transpose=not in_out, sr=sr)
+    else:
+        gq, gqt, am = ops.cast(dy2, g_plan[0:1], fp8_dtype(fmt), transpose=not in_out, inf_to_nan=True, **sr)
+        all_reduce_max(am, plan.group)
+        g_sinv = torch.reciprocal(g_plan[0])
+    if plan.record and recipe.delayed():
+        _keep_pending(m, am, g_slot)
+        m._maybe_fresh[_G] = False
+    db = dy2.sum(0, dtype=torch.float32) if want_db else None
+    return gq, g_sinv, (gq if in_out else gqt), g_sinv, db, _TENSOR
 
 
 def _keep_pending(m, am: torch.Tensor, slot: torch.Tensor) -> None:

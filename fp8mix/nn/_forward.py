@@ -102,8 +102,6 @@ def _grad_plan(m, plan: Plan, wants_grad: bool) -> None:
     forwards only), and take the scale and slot this call's backward uses."""
     recipe = plan.recipe
     fmt = fp8_dtype(plan.fmts[2])
-    if plan.group is not None and plan.record:
-        all_reduce_max(m.fp8_grad_pending, plan.group)
     if callable(recipe.amax_compute_algo) and plan.record:
         _flush_python_algo(m, recipe, plan.fmts[2])
     plan.g_plan, plan.g_slot = ops.delayed_flush(
@@ -170,6 +168,7 @@ def fp8_forward(m, x: torch.Tensor, weight: torch.Tensor, bias, *, layout: str, 
     else:
         _plan_rounding(m, plan, x2.shape[0], in_features, out_features, weight_cast, wants_grad)
         if recipe.delayed():
+            m._ensure_history(recipe.amax_history_len)
             _grad_plan(m, plan, wants_grad)
     monitor = frame.monitor if replay is None else None
     if monitor is not None and eager and record and monitor.sampling:

@@ -124,6 +124,15 @@ class FP8StateMixin:
         self._auto_state = _auto_initial(self.fp8_roles)
         self._auto_reasons = {}
 
+    def _ensure_history(self, length: int) -> None:
+        """Grow the history buffer for a recipe longer than it (rows kept, new rows empty)."""
+        h = self.fp8_amax_history
+        if length <= h.shape[0]:
+            return
+        new = torch.zeros(length, h.shape[1], dtype=h.dtype, device=h.device)
+        new[: h.shape[0]] = h
+        self.fp8_amax_history = new
+
     # ---- dtype / device moves ------------------------------------------------------------
     def _apply(self, fn, recurse=True):
         # nn.Module._apply would cast the FP8 buffers with the parameters (model.half()
