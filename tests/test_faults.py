@@ -80,9 +80,9 @@ def _train(recipe_name, fault=None, *, bias=True, fp8_feedback=True):
         for t in range(STEPS):
             idx = torch.arange(t * BATCH, (t + 1) * BATCH) % X.shape[0]
             x, y = X[idx], Y[idx]
-            if fault == "nan_input" and t == FAULT_AT:
+            if fault in ("nan_input", "inf_input", "neg_inf_input") and t == FAULT_AT:
                 x = x.clone()
-                x[3, 5] = NAN
+                x[3, 5] = {"nan_input": NAN, "inf_input": INF, "neg_inf_input": -INF}[fault]
             hook_on[0] = fault == "nan_weight_grad" and t == FAULT_AT
             with fp8mix.fp8_autocast(fp8_recipe=recipe):
                 out = m(x)
@@ -139,11 +139,47 @@ def _assert_recovered(rec, clean):
 
 # ---- 1. inf/NaN gradients ----------------------------------------------------------------
 
-@pytest.mark.parametrize("fault", ["inf_loss", "nan_input"])
-def test_inf_nan_gradients_skip_and_recover(fault):
-    rec = _train("delayed", fault)
+@pytest.mark.parametrize("fault,recipe_name", [("inf_loss", "delayed")] + [
+    (f, r) for f in ("nan_input", "inf_input", "neg_inf_input") for r in ("delayed", "current", "block")])
+def test_inf_nan_gradients_skip_and_recover(fault, recipe_name):
+    """An inf/NaN in the batch (or the loss) reaches the gradients as inf/NaN, so the
+    scaler's own inf check skips the step (an inf input used to saturate to 448 and train
+    on, finite and wrong)."""
+    rec = _train(recipe_name, fault)
+    assert not rec["fault_stepped"]
     assert rec["action"] is None  # the master gradients were non-finite: torch's rule skipped it
-    _assert_recovered(rec, _clean("delayed"))
+    _assert_recovered(rec, _clean(recipe_name))
+
+
+@pytest.mark.parametrize("recipe_name", ["delayed", "current", "block"])
+@pytest.mark.parametrize("bad", [INF, NAN])
+def test_torch_grad_scaler_skips_a_non_finite_batch_and_weight(recipe_name, bad):
+    """With torch.amp.GradScaler (no fp8mix feedback): a non-finite input, or a weight that
+    became non-finite, makes the layer's output and gradients non-finite, so torch skips
+    the step and backs off, with no host check inside the layer."""
+    torch.manual_seed(3)
+    m = _mlp()
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8)
+    for case in ("input", "weight"):
+        x, y = X[:BATCH].clone(), Y[:BATCH]
+        if case == "input":
+            x[1, 2] = bad
+        else:
+            with torch.no_grad():
+                m[2].weight[4, 4] = bad
+        with fp8mix.fp8_autocast(fp8_recipe=RECIPES[recipe_name]()):
+            loss = F.mse_loss(m(x), y)
+        assert not torch.isfinite(loss), case
+        before = [p.detach().clone() for p in m.parameters()]
+        s0 = scaler.get_scale()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        assert all(torch.equal(a, b) or (case == "weight" and not torch.isfinite(a).all())
+                   for a, b in zip(before, m.parameters())), f"{case}: the step was not skipped"
+        assert scaler.get_scale() == s0 / 2, case
 
 
 @pytest.mark.parametrize("recipe_name", ["delayed", "current", "block"])

@@ -9,11 +9,11 @@ would, and any gradient scaler skips the step, with no host check.
 
 Backward writes only the grad_output amax it leaves for the next forward
 (``fp8_grad_pending[slot]``, max over backward passes). Under ``create_graph=True``
-(double backward, e.g. gradient penalties) it computes with differentiable float32
-matmuls of the dequantised FP8 operands, straight through the casts: second-order
-gradients through dx (w.r.t. dy and W) are exact for those values; through dW with
-respect to x they would need x in high precision, which the FP8 layer does not keep,
-and asking for them raises an error naming fp8mix.
+(double backward, e.g. gradient penalties) it computes dx with differentiable float32
+matmuls of the dequantised FP8 operands, straight through the casts, so second-order
+gradients through dx (w.r.t. dy and W) are exact for those values. A weight gradient
+with a graph would need x in high precision for its second-order terms, which the FP8
+layer does not keep: when the backward pass asks for it, an error names fp8mix.
 """
 from __future__ import annotations
 
@@ -91,19 +91,14 @@ class FP8LinearFunction(torch.autograd.Function):
         return dx, dw, db, None, None, None, None, None, None, None, None, None, None, None
 
 
-class _NoSecondOrderThroughX(torch.autograd.Function):
-    """Marks the dequantised x of a double backward: differentiating through it raises."""
-
-    @staticmethod
-    def forward(ctx, xd, anchor):
-        return xd.view_as(xd)
-
-    @staticmethod
-    def backward(ctx, g):
-        raise RuntimeError("fp8mix: a second-order gradient through an FP8 layer's weight gradient with respect to "
-                           "its input is not available (the FP8 forward keeps x only in FP8); run that layer outside "
-                           "fp8_autocast for this loss (gradients through dx, as in gradient penalties on the "
-                           "input, are supported)")
+def _engine_wants(t) -> bool:
+    """Whether the running backward pass computes a gradient for t (unknown: True)."""
+    if t is None:
+        return True
+    try:
+        return bool(torch._C._will_engine_execute_node(torch.autograd.graph.get_gradient_edge(t).node))
+    except (RuntimeError, AttributeError):
+        return True
 
 
 def _deq(q: torch.Tensor, sinv: torch.Tensor, gran) -> torch.Tensor:
@@ -128,10 +123,11 @@ def _double_backward(ctx, dy2, gq, g_sinv, x_save, x_sinv, wq, w_sinv, gran):
     dx = dw = db = None
     if ctx.needs_input_grad[0]:  # Linear: dy W; in_out: dy W^T
         dx = (dyd @ (wd.t() if in_out else wd)).to(ctx.x_dtype)
-    if ctx.needs_input_grad[1]:
-        xd = _NoSecondOrderThroughX.apply(_deq(x_save, x_sinv, Granularity.TENSOR),
-                                          torch.zeros((), requires_grad=True))
-        dw = (xd @ dyd if in_out else dyd.t() @ xd).to(ctx.w_dtype)  # in_out keeps x^T (K, M)
+    if ctx.needs_input_grad[1] and _engine_wants(weight):
+        raise RuntimeError("fp8mix: create_graph=True with the weight's gradient requested is not supported by an "
+                           "FP8 layer: its second-order terms through the input need x in high precision, which the "
+                           "layer does not keep. Ask for input gradients only (e.g. torch.autograd.grad(out, x, "
+                           "create_graph=True) for gradient penalties), or run this layer outside fp8_autocast")
     if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
         db = dyd.sum(0).to(ctx.bias_dtype)
     return dx, dw, db, None, None, None, None, None, None, None, None, None, None, None
