@@ -2,15 +2,14 @@
 exception that says what is wrong (or, for valid but unusual input, in the right
 answer) — never in a signal, an abort, a hang or silently wrong data.
 
-The cases live in tests/hostile_worker.py (one table: call + expectation). They
+The cases live in tests/hostile/cases_*.py, one file per module of fp8mix (each a table
+of call + expectation), run by tests/hostile/worker.py. They
 run in a subprocess, all in one batch for speed; when the worker dies (a signal,
 an abort, a timeout) the case it had started is rerun alone to confirm it is the
 culprit, and the batch continues with the remaining cases in a fresh worker.
 Each case is then one parametrized test here.
 
-KNOWN_BUGS lists the cases that fail today, with the reason; they are strict
-xfails: when a fix makes one pass, its test fails until it is removed from the
-list.
+Every case must pass: a new failure fails its test, naming the case and what happened.
 """
 from __future__ import annotations
 
@@ -22,17 +21,12 @@ import sys
 
 import pytest
 
-import hostile_worker as hw
+from hostile import worker as hw
 
-WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hostile_worker.py")
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hostile", "worker.py")
 BATCH_TIMEOUT = 180  # seconds for a whole batch (the full table takes a few seconds)
 SINGLE_TIMEOUT = 60
 
-# Every case the first run of this table found failing has been fixed (empty per-row
-# tensors, meta scales beside CPU data, meta inputs, Float8Tensor type checks, recipe
-# re-validation, amax_compute_algo results, detached quantize input, convert_model's
-# recipe type). New failures go here with their reason, as strict xfails.
-KNOWN_BUGS: dict = {}
 
 
 def _describe(rc, timed_out):
@@ -106,15 +100,7 @@ def outcomes():
 @pytest.mark.parametrize("name", sorted(hw.CASES))
 def test_hostile(name, outcomes):
     ok, detail = outcomes[name]
-    if name in KNOWN_BUGS:
-        if ok:
-            pytest.fail(f"{name} passes now ({detail}): remove it from KNOWN_BUGS ({KNOWN_BUGS[name]})")
-        pytest.xfail(f"known bug: {KNOWN_BUGS[name]} -- {detail}")
     assert ok, f"{name}: {detail}"
-
-
-def test_known_bugs_are_cases():
-    assert not set(KNOWN_BUGS) - set(hw.CASES), "KNOWN_BUGS names cases that do not exist"
 
 
 def test_worker_death_is_pinned_on_the_case():

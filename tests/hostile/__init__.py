@@ -1,0 +1,1 @@
+"""Hostile-input cases, split by module (see harness.py)."""
