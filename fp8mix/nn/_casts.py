@@ -5,8 +5,12 @@
     wgrad    dW      = dy^T . x  (or x^T . dy for a (K, N) weight)
 
 A Linear keeps W as (N, K) ("out_in"); Hugging Face's Conv1D as (K, N) ("in_out"). The C
-GEMM reads B in either layout, so only the wgrad operands differ: out_in layers save x
-and cast dy with its transpose, in_out layers save x^T and cast dy alone.
+GEMM reads B in either layout, so on the CPU only the wgrad operands differ: out_in
+layers save x and cast dy with its transpose, in_out layers save x^T and cast dy alone.
+FP8 tensor cores (cuBLASLt) read only "TN": both operands contiguous along the reduction
+dimension. With ``plan.tn`` (CUDA tensors; TN_ON_CPU makes the CPU take the same path, for
+tests) every cast that feeds a B operand also writes its transpose (one pass, the fused
+cast+transpose), so that every B is a K-contiguous view and cuBLASLt gets no copy.
 
 Every call makes a :class:`Plan`: what the forward decided (recipe, formats, scales,
 stochastic-rounding offsets, whether it records), kept for its backward and, under
@@ -23,13 +27,14 @@ from ..ops import DelayedSpec
 __all__ = ["Plan", "forward_casts", "grad_casts", "delayed_spec", "all_reduce_max"]
 
 _IN, _W, _G = 0, 1, 2
+TN_ON_CPU = False  # tests: run the CPU through the tensor-core operand layouts
 _TENSOR, _BLOCK, _BLOCK2D = Granularity.TENSOR, Granularity.BLOCK, Granularity.BLOCK2D
 
 
 class Plan:
     """What one forward call decided, for its backward (and its checkpoint recompute)."""
 
-    __slots__ = ("recipe", "group", "out_dtype", "fmts", "record", "layout", "x_scales", "w_scales", "w_cached",
+    __slots__ = ("recipe", "group", "out_dtype", "fmts", "record", "layout", "tn", "x_scales", "w_scales", "w_cached",
                  "g_plan", "g_slot", "grad_fresh", "rng", "skips", "monitor", "name", "auto_use", "module",
                  "region", "replayed_by", "backward_done", "__weakref__")
 
@@ -40,6 +45,7 @@ class Plan:
         self.fmts = fmts                # Format per role
         self.record = record            # a training forward: records amaxes, its backward too
         self.layout = layout            # "out_in" (Linear) or "in_out" (Conv1D)
+        self.tn = False                 # operands as FP8 tensor cores read them: every B K-contiguous
         self.x_scales = None            # delayed: [scale, scale_inv] the input cast used
         self.w_scales = None            # delayed: ... the weight cast used
         self.w_cached = None            # (wq, w_sinv) reused from is_first_microbatch=True
@@ -151,38 +157,43 @@ def python_algo_scale(m, role: int, recipe, fmt: Format, before: torch.Tensor) -
 
 
 def forward_casts(m, x2: torch.Tensor, w: torch.Tensor, plan: Plan, replay, is_first_microbatch):
-    """(xq, x_sinv, x_save, x_save_sinv, wq, w_sinv): the forward GEMM's operands and what
-    backward keeps of x for wgrad (None: xq itself)."""
+    """(xq, x_sinv, x_save, x_save_sinv, wq, wqt, w_sinv): the forward GEMM's operands, what
+    backward keeps of x for wgrad (x_save; None: xq itself) and, for a tensor-core layout
+    (plan.tn), the weight's transpose (else None). See _function for how they are used."""
     recipe = plan.recipe
     in_out = plan.layout == "in_out"
+    want_xt = in_out or plan.tn  # in_out: wgrad's A is x^T; tn: wgrad's B must be M-contiguous
     if recipe.granularity("input") == _BLOCK:
         xq, _, x_sinv, _ = _current(x2, plan.fmts[_IN], recipe, _BLOCK, plan.group, sr=_sr(plan, _IN))
         sr2 = _sr(plan, 3)  # the second cast of x has its own random words
         if in_out:  # wgrad's A = x^T in 1x128 tiles along M
             x_save, _, x_save_sinv, _ = _current(x2.t(), plan.fmts[_IN], recipe, _BLOCK, plan.group, sr=sr2)
-        else:  # wgrad's B = x in 128x128 blocks
-            x_save, _, x_save_sinv, _ = _current(x2, plan.fmts[_IN], recipe, _BLOCK2D, plan.group, sr=sr2)
+        else:  # wgrad's B = x in 128x128 blocks (its transpose, which holds the same blocks, for tn)
+            q2, q2t, x_save_sinv, _ = _current(x2, plan.fmts[_IN], recipe, _BLOCK2D, plan.group, sr=sr2,
+                                               transpose=plan.tn)
+            x_save = q2t if plan.tn else q2
     elif recipe.delayed():
-        xq, xqt, plan.x_scales = _delayed(m, x2, _IN, plan, replay, transpose=in_out)
+        xq, xqt, plan.x_scales = _delayed(m, x2, _IN, plan, replay, transpose=want_xt)
         x_sinv = plan.x_scales[1]
-        x_save, x_save_sinv = (xqt, x_sinv) if in_out else (None, None)
+        x_save, x_save_sinv = (xqt, x_sinv) if want_xt else (None, None)
     else:
-        xq, xqt, x_sinv, _ = _current(x2, plan.fmts[_IN], recipe, _TENSOR, plan.group, transpose=in_out,
+        xq, xqt, x_sinv, _ = _current(x2, plan.fmts[_IN], recipe, _TENSOR, plan.group, transpose=want_xt,
                                       sr=_sr(plan, _IN))
-        x_save, x_save_sinv = (xqt, x_sinv) if in_out else (None, None)
-    wq, w_sinv = _weight(m, w, plan, replay, is_first_microbatch)
-    return xq, x_sinv, x_save, x_save_sinv, wq, w_sinv
+        x_save, x_save_sinv = (xqt, x_sinv) if want_xt else (None, None)
+    wq, wqt, w_sinv = _weight(m, w, plan, replay, is_first_microbatch)
+    return xq, x_sinv, x_save, x_save_sinv, wq, wqt, w_sinv
 
 
 def _weight_key(m, w: torch.Tensor, plan: Plan):
     r = plan.recipe
-    return (type(r), plan.fmts[_W], r.margin, r.power_2_scale, tuple(w.shape), w.dtype, r.rounding_of("weight"))
+    return (type(r), plan.fmts[_W], r.margin, r.power_2_scale, tuple(w.shape), w.dtype, r.rounding_of("weight"),
+            plan.tn)
 
 
 def _weight(m, w: torch.Tensor, plan: Plan, replay, is_first_microbatch):
-    """FP8 weight and its scale_inv. is_first_microbatch: None casts every call; True casts
-    and keeps the result; False reuses what the last True call kept (Transformer Engine's
-    gradient-accumulation convention)."""
+    """FP8 weight, its transpose (tn only, else None) and scale_inv. is_first_microbatch:
+    None casts every call; True casts and keeps the result; False reuses what the last True
+    call kept (Transformer Engine's gradient-accumulation convention)."""
     if replay is not None and replay.w_cached is not None:
         plan.w_cached = replay.w_cached
         return replay.w_cached
@@ -197,14 +208,15 @@ def _weight(m, w: torch.Tensor, plan: Plan, replay, is_first_microbatch):
         return plan.w_cached
     recipe = plan.recipe
     if recipe.delayed():
-        wq, _, plan.w_scales = _delayed(m, w, _W, plan, replay)
+        wq, wqt, plan.w_scales = _delayed(m, w, _W, plan, replay, transpose=plan.tn)
         w_sinv = plan.w_scales[1]
     else:
-        wq, _, w_sinv, _ = _current(w, plan.fmts[_W], recipe, recipe.granularity("weight"), plan.group,
-                                    sr=_sr(plan, _W))
+        wq, wqt, w_sinv, _ = _current(w, plan.fmts[_W], recipe, recipe.granularity("weight"), plan.group,
+                                      sr=_sr(plan, _W), transpose=plan.tn)
+    wqt = wqt if plan.tn else None
     if is_first_microbatch:
-        m._wcache = (_weight_key(m, w, plan), wq, w_sinv)
-    return wq, w_sinv
+        m._wcache = (_weight_key(m, w, plan), wq, wqt, w_sinv)
+    return wq, wqt, w_sinv
 
 
 def grad_casts(m, dy2: torch.Tensor, plan: Plan, g_plan, g_slot, rng, want_db: bool):
@@ -216,8 +228,9 @@ def grad_casts(m, dy2: torch.Tensor, plan: Plan, g_plan, g_slot, rng, want_db: b
     if recipe.granularity("grad_output") == _BLOCK:  # 1x128 tiles along N for dgrad
         gq, _, g_sinv, _ = _current(dy2, fmt, recipe, _BLOCK, plan.group, sr=sr)
         sr2 = {} if plan.skips.get(4) is None else {"rng": rng, "rng_skip": plan.skips[4]}
-        if in_out:  # wgrad's B = dy in 128x128 blocks
-            gw, _, gw_sinv, _ = _current(dy2, fmt, recipe, _BLOCK2D, plan.group, sr=sr2)
+        if in_out:  # wgrad's B = dy in 128x128 blocks (M-contiguous for tn: its transpose's view)
+            g2, g2t, gw_sinv, _ = _current(dy2, fmt, recipe, _BLOCK2D, plan.group, sr=sr2, transpose=plan.tn)
+            gw = g2t.t() if plan.tn else g2
         else:  # wgrad's A = dy^T in 1x128 tiles along M
             gw, _, gw_sinv, _ = _current(dy2.t(), fmt, recipe, _BLOCK, plan.group, sr=sr2)
         db = dy2.sum(0, dtype=torch.float32) if want_db else None
@@ -228,8 +241,17 @@ def grad_casts(m, dy2: torch.Tensor, plan: Plan, g_plan, g_slot, rng, want_db: b
     gq, gqt, g_sinv, _, db = ops.grad_cast(
         dy2, fp8_dtype(fmt), plan=g_plan if recipe.delayed() else None, pending=pending,
         slot=g_slot if pending is not None else None, margin=recipe.margin, power_2_scale=recipe.power_2_scale,
-        amax_epsilon=float(getattr(recipe, "amax_epsilon", 0.0)), transpose=not in_out, colsum=want_db, **sr)
-    return gq, g_sinv, (gq if in_out else gqt), g_sinv, (db if want_db else None), _TENSOR
+        amax_epsilon=float(getattr(recipe, "amax_epsilon", 0.0)), transpose=not in_out or plan.tn, colsum=want_db,
+        **sr)
+    return gq, g_sinv, _wgrad_dy(gq, gqt, plan), g_sinv, (db if want_db else None), _TENSOR
+
+
+def _wgrad_dy(gq, gqt, plan: Plan):
+    """dy as wgrad's operand: A = dy^T (out_in); B = dy, or for tn the M-contiguous view of
+    dy^T (in_out)."""
+    if plan.layout == "out_in":
+        return gqt
+    return gqt.t() if plan.tn else gq
 
 
 def _grad_casts_distributed(m, dy2, plan: Plan, g_plan, g_slot, sr: dict, want_db: bool):
@@ -238,16 +260,18 @@ def _grad_casts_distributed(m, dy2, plan: Plan, g_plan, g_slot, sr: dict, want_d
     the pending amax (what the next forward records) is the same on every rank."""
     recipe, fmt, in_out = plan.recipe, plan.fmts[_G], plan.layout == "in_out"
     if not recipe.delayed() or plan.grad_fresh:
-        gq, gqt, g_sinv, am = _current(dy2, fmt, recipe, _TENSOR, plan.group, transpose=not in_out, sr=sr)
+        gq, gqt, g_sinv, am = _current(dy2, fmt, recipe, _TENSOR, plan.group, transpose=not in_out or plan.tn,
+                                       sr=sr)
     else:
-        gq, gqt, am = ops.cast(dy2, g_plan[0:1], fp8_dtype(fmt), transpose=not in_out, inf_to_nan=True, **sr)
+        gq, gqt, am = ops.cast(dy2, g_plan[0:1], fp8_dtype(fmt), transpose=not in_out or plan.tn, inf_to_nan=True,
+                               **sr)
         all_reduce_max(am, plan.group)
         g_sinv = torch.reciprocal(g_plan[0])
     if plan.record and recipe.delayed():
         _keep_pending(m, am, g_slot)
         m._maybe_fresh[_G] = False
     db = dy2.sum(0, dtype=torch.float32) if want_db else None
-    return gq, g_sinv, (gq if in_out else gqt), g_sinv, db, _TENSOR
+    return gq, g_sinv, _wgrad_dy(gq, gqt, plan), g_sinv, db, _TENSOR
 
 
 def _keep_pending(m, am: torch.Tensor, slot: torch.Tensor) -> None:

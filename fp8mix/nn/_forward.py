@@ -17,6 +17,7 @@ import torch
 from .. import ops
 from ..autocast import current_frame, note_module_ran
 from ..formats import Format, Granularity, fp8_dtype
+from . import _casts
 from ._casts import Plan, all_reduce_max, delayed_spec, forward_casts, python_algo_scale
 from ._function import FP8LinearFunction
 from .checkpoint import in_recompute, under_saved_tensor_hooks
@@ -162,6 +163,7 @@ def fp8_forward(m, x: torch.Tensor, weight: torch.Tensor, bias, *, layout: str, 
     fmts = list(replay.fmts) if replay is not None else [m._fmt(recipe, r) for r in range(3)]
     plan = Plan(recipe, group, hp_out_dtype(x, weight.dtype), fmts, record, layout)
     plan.module, plan.auto_use = m, auto_use
+    plan.tn = x.device.type == "cuda" or _casts.TN_ON_CPU
     if replay is not None:
         plan.rng, plan.skips = replay.rng, replay.skips
         plan.g_plan, plan.g_slot, plan.grad_fresh = replay.g_plan, replay.g_slot, replay.grad_fresh
@@ -174,14 +176,14 @@ def fp8_forward(m, x: torch.Tensor, weight: torch.Tensor, bias, *, layout: str, 
     if monitor is not None and eager and record and monitor.sampling:
         plan.monitor, plan.name = monitor, m._fp8_label()
     with torch.no_grad():
-        xq, x_sinv, x_save, x_save_sinv, wq, w_sinv = forward_casts(m, x2.detach(), weight.detach(), plan, replay,
-                                                                    is_first_microbatch)
+        xq, x_sinv, x_save, x_save_sinv, wq, wqt, w_sinv = forward_casts(m, x2.detach(), weight.detach(), plan,
+                                                                         replay, is_first_microbatch)
         if plan.monitor is not None:
             monitor_forward(m, plan, x2.detach(), xq, x_sinv, wq, w_sinv, weight_cast)
     if record and wants_grad and not recompute and under_saved_tensor_hooks():
         m._replay.push(plan)  # a checkpoint may recompute this forward: it will repeat this plan
     pending = m.fp8_grad_pending if (record and recipe.delayed()) else None
-    y2 = FP8LinearFunction.apply(x2, weight, bias, xq, x_sinv, x_save, x_save_sinv, wq, w_sinv, plan.g_plan,
+    y2 = FP8LinearFunction.apply(x2, weight, bias, xq, x_sinv, x_save, x_save_sinv, wq, wqt, w_sinv, plan.g_plan,
                                  plan.g_slot, pending, plan.rng, plan)
     return y2.reshape(*x.shape[:-1], out_features)
 

@@ -39,19 +39,30 @@ def _block_t(s: torch.Tensor, plan: Plan) -> torch.Tensor:
     return s.t().contiguous() if plan.recipe.granularity("weight") == Granularity.BLOCK2D else s
 
 
+def _weight_operand(wq, wqt, w_sinv, plan: Plan, *, dgrad: bool):
+    """The weight as B of the forward GEMM (W^T for a Linear, W for in_out) or of dgrad (W
+    for a Linear, W^T for in_out), with its scale in B's [k-block][n-block] layout. The C
+    GEMM reads a row-major B; with plan.tn every B is a K-contiguous view (of W or of
+    its transpose wqt), as tensor cores need."""
+    transposed = dgrad == (plan.layout == "in_out")  # B is W^T (K-contiguous view of W itself)
+    if transposed:
+        b = wq.t()
+    else:
+        b = wqt.t() if plan.tn else wq
+    return b, (_block_t(w_sinv, plan) if transposed else w_sinv)
+
+
 class FP8LinearFunction(torch.autograd.Function):
     """y = x W^T + b (W as (N, K)) or x W + b (W as (K, N), layout "in_out")."""
 
     @staticmethod
-    def forward(ctx, x2, weight, bias, xq, x_sinv, x_save, x_save_sinv, wq, w_sinv, g_plan, g_slot, pending, rng,
-                plan: Plan):
-        in_out = plan.layout == "in_out"
-        b = wq if in_out else wq.t()  # (K, N): row-major for in_out, column-major (w.t()) for Linear
-        sb = w_sinv if in_out else _block_t(w_sinv, plan)
+    def forward(ctx, x2, weight, bias, xq, x_sinv, x_save, x_save_sinv, wq, wqt, w_sinv, g_plan, g_slot, pending,
+                rng, plan: Plan):
+        b, sb = _weight_operand(wq, wqt, w_sinv, plan, dgrad=False)
         y = ops.scaled_mm(xq, b, x_sinv, sb, bias=bias, out_dtype=plan.out_dtype, scale_kinds=_kinds(plan))
         if x_save is None:  # per-tensor recipes of a Linear keep the forward's FP8 x itself
             x_save, x_save_sinv = xq, x_sinv
-        ctx.save_for_backward(x_save, x_save_sinv, wq, w_sinv, g_plan, g_slot, rng)
+        ctx.save_for_backward(x_save, x_save_sinv, wq, wqt, w_sinv, g_plan, g_slot, rng)
         ctx.plan = plan
         ctx.pending = pending  # a buffer: backward leaves its amax there (mutated in place)
         ctx.x_dtype = x2.dtype
@@ -63,7 +74,7 @@ class FP8LinearFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        x_save, x_sinv, wq, w_sinv, g_plan, g_slot, rng = ctx.saved_tensors
+        x_save, x_sinv, wq, wqt, w_sinv, g_plan, g_slot, rng = ctx.saved_tensors
         plan = ctx.plan
         if not torch.compiler.is_compiling():
             plan.backward_done = True  # (checkpoint replay bookkeeping, eager only)
@@ -74,21 +85,20 @@ class FP8LinearFunction(torch.autograd.Function):
             observe_grad(plan, dy2, gq, g_sinv, gran)
         if torch.is_grad_enabled():  # create_graph=True
             return _double_backward(ctx, dy2, gq, g_sinv, x_save, x_sinv, wq, w_sinv, gran)
-        in_out = plan.layout == "in_out"
         kinds = _kinds(plan)
         dx = dw = None
         if ctx.needs_input_grad[0]:  # dx = dy W (Linear) or dy W^T (in_out)
-            b = wq.t() if in_out else wq
-            sb = _block_t(w_sinv, plan) if in_out else w_sinv
+            b, sb = _weight_operand(wq, wqt, w_sinv, plan, dgrad=True)
             dx = ops.scaled_mm(gq, b, g_sinv, sb, out_dtype=ctx.x_dtype, scale_kinds=kinds)
         if ctx.needs_input_grad[1]:  # dW = dy^T x (Linear) or x^T dy (in_out)
-            if in_out:
+            if plan.layout == "in_out":  # A = x^T (K, M) as saved
                 dw = ops.scaled_mm(x_save, gw, x_sinv, gw_sinv, out_dtype=ctx.w_dtype, scale_kinds=kinds)
-            else:
-                dw = ops.scaled_mm(gw, x_save, gw_sinv, x_sinv, out_dtype=ctx.w_dtype, scale_kinds=kinds)
+            else:  # B = x (M, K): for tn the M-contiguous view of the saved x^T
+                bx = x_save.t() if plan.tn else x_save
+                dw = ops.scaled_mm(gw, bx, gw_sinv, x_sinv, out_dtype=ctx.w_dtype, scale_kinds=kinds)
         if db is not None and ctx.bias_dtype != torch.float32:
             db = db.to(ctx.bias_dtype)
-        return dx, dw, db, None, None, None, None, None, None, None, None, None, None, None
+        return dx, dw, db, None, None, None, None, None, None, None, None, None, None, None, None
 
 
 def _engine_wants(t) -> bool:
@@ -130,4 +140,4 @@ def _double_backward(ctx, dy2, gq, g_sinv, x_save, x_sinv, wq, w_sinv, gran):
                            "create_graph=True) for gradient penalties), or run this layer outside fp8_autocast")
     if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
         db = dyd.sum(0).to(ctx.bias_dtype)
-    return dx, dw, db, None, None, None, None, None, None, None, None, None, None, None
+    return dx, dw, db, None, None, None, None, None, None, None, None, None, None, None, None
