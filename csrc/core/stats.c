@@ -49,11 +49,12 @@ void fp8mix_stats_seg_scalar(fp8mix_stats_acc *a, const void *x, fp8mix_dtype xt
         uint32_t ub = f32_bits(ax);
         if (v != 0 && ub < a->min_bits) a->min_bits = ub;
         if (ub > a->max_bits) a->max_bits = ub;
-        double xd = (double)v, x2 = xd * xd;
-        a->part[STATS_SUM_X][lane] += xd;
-        a->part[STATS_SUM_X2][lane] += x2;
-        a->part[STATS_SUM_X3][lane] += x2 * xd;
-        a->part[STATS_SUM_X4][lane] += x2 * x2;
+        double xd = (double)v, td = xd - s->pivot, t2 = td * td;
+        a->part[STATS_SUM_SIG][lane] += xd * xd;
+        a->part[STATS_SUM_T1][lane] += td;
+        a->part[STATS_SUM_T2][lane] += t2;
+        a->part[STATS_SUM_T3][lane] += t2 * td;
+        a->part[STATS_SUM_T4][lane] += t2 * t2;
         if (ad <= FLT_MAX) {
             double e = xd - (double)d * s->sinv;
             a->part[STATS_SUM_E2][lane] += e * e;
@@ -83,13 +84,14 @@ static fp8mix_stats_seg_fn stats_kernel(void)
 /* ---- per-segment parameters ---------------------------------------------- */
 
 /* Parameters of a segment under scale_inv `si` (finite, > 0). */
-static void seg_init(fp8mix_stats_seg *s, fp8mix_format fmt, float si)
+static void seg_init(fp8mix_stats_seg *s, fp8mix_format fmt, float si, float pivot)
 {
     int e4 = fmt == FP8MIX_E4M3;
     s->table = fp8mix_decode_table(fmt);
     s->fmax = fp8mix_format_max(fmt);
     s->min_normal = e4 ? 0x1p-6f : 0x1p-14f;
     s->sinv = (double)si;
+    s->pivot = (double)pivot;
     /* the encoder's overflow threshold, max + half a step; the product has at
      * most 24 + 5 significant bits, so it is exact in float64 */
     s->ovf_bound = (e4 ? 464.0 : 59392.0) * (double)si;
@@ -116,6 +118,7 @@ typedef struct stats_job {
     fp8mix_granularity gran;
     const float *scale_inv;
     int bad_as_one;
+    float pivot;
     fp8mix_stats_seg_fn kernel;
     double *part; /* ntasks x FP8MIX_STATS_N */
 } stats_job;
@@ -143,11 +146,12 @@ static void acc_store(const fp8mix_stats_acc *a, int64_t numel, double *s)
     s[FP8MIX_STATS_NAN] = (double)a->nan;
     s[FP8MIX_STATS_MIN_NONZERO] = (double)bits_f32(a->min_bits);
     s[FP8MIX_STATS_MAX_FINITE] = (double)bits_f32(a->max_bits);
-    s[FP8MIX_STATS_SUM] = lanes_sum(a->part[STATS_SUM_X]);
-    s[FP8MIX_STATS_SIGNAL] = lanes_sum(a->part[STATS_SUM_X2]);
-    s[FP8MIX_STATS_SUM3] = lanes_sum(a->part[STATS_SUM_X3]);
-    s[FP8MIX_STATS_SUM4] = lanes_sum(a->part[STATS_SUM_X4]);
+    s[FP8MIX_STATS_SIGNAL] = lanes_sum(a->part[STATS_SUM_SIG]);
     s[FP8MIX_STATS_NOISE] = lanes_sum(a->part[STATS_SUM_E2]);
+    s[FP8MIX_STATS_SUM1] = lanes_sum(a->part[STATS_SUM_T1]);
+    s[FP8MIX_STATS_SUM2] = lanes_sum(a->part[STATS_SUM_T2]);
+    s[FP8MIX_STATS_SUM3] = lanes_sum(a->part[STATS_SUM_T3]);
+    s[FP8MIX_STATS_SUM4] = lanes_sum(a->part[STATS_SUM_T4]);
     for (int b = 0; b < FP8MIX_STATS_HIST_BINS; b++) {
         int64_t c = 0;
         for (int k = 0; k < FP8MIX_STATS_HIST_COPIES; k++) c += a->hist[k][b];
@@ -176,7 +180,7 @@ static void stats_task(void *ctx, int64_t task, int worker)
             float si = J->scale_inv[scale_index(J->gran, i, j, J->cols)];
             if (J->bad_as_one && !(si > 0 && si <= FLT_MAX)) si = 1.0f;
             if (si != seg_si) {
-                seg_init(&seg, J->fmt, si);
+                seg_init(&seg, J->fmt, si, J->pivot);
                 seg_si = si;
             }
             J->kernel(a, xr + (size_t)j * J->esz, J->xt, qr + j, n, &seg);
@@ -186,6 +190,19 @@ static void stats_task(void *ctx, int64_t task, int worker)
 }
 
 /* ---- the entry point -------------------------------------------------------- */
+
+/* The first finite x in row-major order, 0 if none (normally x[0]: the scan
+ * is long only for a tensor that is mostly NaN or inf). */
+static float first_finite(const uint8_t *x, fp8mix_dtype xt, int64_t rows, int64_t cols, int64_t ld_x)
+{
+    size_t esz = dtype_size(xt);
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t j = 0; j < cols; j++) {
+            float v = load_f32(x + (size_t)(i * ld_x) * esz, xt, j);
+            if (fabsf(v) <= FLT_MAX) return v;
+        }
+    return 0.0f;
+}
 
 /* BAD_SCALES, SCALE_INV_MIN and SCALE_INV_MAX of the scale array. */
 static void scale_summary(const float *s, int64_t n, double out[FP8MIX_STATS_N])
@@ -241,17 +258,19 @@ fp8mix_status fp8mix_quant_stats(const void *x, fp8mix_dtype xt, int64_t rows, i
     int64_t per = STATS_ROWS * ceil_div(ceil_div(rows, STATS_ROWS), STATS_MAX_TASKS);
     int64_t ntasks = empty ? 0 : ceil_div(rows, per);
     double *part = NULL;
+    float pivot = empty ? 0.0f : first_finite((const uint8_t *)x, xt, rows, cols, ld_x);
     if (ntasks) {
         part = (double *)malloc((size_t)ntasks * FP8MIX_STATS_N * sizeof(double));
         if (!part) return FP8MIX_ERR_NO_MEMORY;
         stats_job J = {(const uint8_t *)x, xt, dtype_size(xt), rows, cols, ld_x, per, q, ld_q, fmt, gran,
-                       scale_inv, bad_as_one, stats_kernel(), part};
+                       scale_inv, bad_as_one, pivot, stats_kernel(), part};
         fp8mix_parallel_for(ntasks, fp8mix_workers_for(rows * cols, STATS_GRAIN), stats_task, &J);
     }
     double r[FP8MIX_STATS_N];
     combine(part, ntasks, r);
     free(part);
     scale_summary(scale_inv, ns, r);
+    r[FP8MIX_STATS_PIVOT] = (double)pivot;
     memcpy(out, r, sizeof r);
     return FP8MIX_OK;
 }

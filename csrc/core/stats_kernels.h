@@ -20,8 +20,9 @@
  * FP8MIX_STATS_HIST_BINS) takes the elements that do not count. */
 #define FP8MIX_STATS_HIST_COPIES 4
 
-/* The float64 sums, in partials of FP8MIX_STATS_LANES. */
-enum { STATS_SUM_X, STATS_SUM_X2, STATS_SUM_X3, STATS_SUM_X4, STATS_SUM_E2, STATS_SUMS };
+/* The float64 sums, in partials of FP8MIX_STATS_LANES: x^2, e^2, and the
+ * powers of t = x - pivot. */
+enum { STATS_SUM_SIG, STATS_SUM_E2, STATS_SUM_T1, STATS_SUM_T2, STATS_SUM_T3, STATS_SUM_T4, STATS_SUMS };
 
 /* Running statistics of one task (a run of rows). */
 typedef struct fp8mix_stats_acc {
@@ -38,6 +39,7 @@ typedef struct fp8mix_stats_seg {
     float fmax;          /* the format's max */
     float min_normal;    /* the format's min normal */
     double sinv;         /* the segment's scale_inv (finite, > 0) */
+    double pivot;        /* the centre of the power sums (FP8MIX_STATS_PIVOT) */
     double ovf_bound;    /* (max + half a step) * sinv, exact in float64 */
     float ovf_f;         /* the largest float32 <= ovf_bound: |x| > ovf_bound iff |x| > ovf_f */
     int sinv_exp;        /* sinv = sinv_frac * 2^sinv_exp, sinv_frac in [0.5, 1) (frexpf) */

@@ -280,16 +280,20 @@ enum {
     FP8MIX_STATS_MIN_NONZERO = 9, /* min |x| over finite non-zero x (+inf if none)   */
     FP8MIX_STATS_NAN = 10,        /* x NaN (a part of NONFINITE)                   */
     FP8MIX_STATS_MAX_FINITE = 11, /* max |x| over finite x (0 if none)             */
-    FP8MIX_STATS_SUM = 12,        /* sum of x over finite x (float64)              */
-    FP8MIX_STATS_SUM3 = 13,       /* sum of x^3 over finite x (float64)            */
-    FP8MIX_STATS_SUM4 = 14,       /* sum of x^4 over finite x (float64); with NUMEL -
-                                     NONFINITE, SUM and SIGNAL the mean, variance and
-                                     kurtosis of the finite x                      */
-    FP8MIX_STATS_BAD_SCALES = 15, /* scale_inv entries not finite and > 0 (only
+    FP8MIX_STATS_PIVOT = 12,      /* c: the first finite x in row-major order (0 if
+                                     none), the centre of the power sums below     */
+    FP8MIX_STATS_SUM1 = 13,       /* sum of (x - c) over finite x (float64)        */
+    FP8MIX_STATS_SUM2 = 14,       /* sum of (x - c)^2                              */
+    FP8MIX_STATS_SUM3 = 15,       /* sum of (x - c)^3                              */
+    FP8MIX_STATS_SUM4 = 16,       /* sum of (x - c)^4: with n = NUMEL - NONFINITE
+                                     the mean (c + SUM1/n), variance and kurtosis
+                                     of the finite x, well conditioned whatever the
+                                     mean, since c is one of the values            */
+    FP8MIX_STATS_BAD_SCALES = 17, /* scale_inv entries not finite and > 0 (only
                                      with bad_scale_as_one; else the call fails)   */
-    FP8MIX_STATS_SCALE_INV_MIN = 16, /* min of the good scale_inv entries (+inf if none) */
-    FP8MIX_STATS_SCALE_INV_MAX = 17, /* max of the good scale_inv entries (0 if none)    */
-    FP8MIX_STATS_HIST = 18,       /* first of FP8MIX_STATS_HIST_BINS histogram counts */
+    FP8MIX_STATS_SCALE_INV_MIN = 18, /* min of the good scale_inv entries (+inf if none) */
+    FP8MIX_STATS_SCALE_INV_MAX = 19, /* max of the good scale_inv entries (0 if none)    */
+    FP8MIX_STATS_HIST = 20,       /* first of FP8MIX_STATS_HIST_BINS histogram counts */
     FP8MIX_STATS_N = FP8MIX_STATS_HIST + FP8MIX_STATS_HIST_BINS
 };
 
@@ -309,8 +313,8 @@ typedef struct fp8mix_stats_opts {
  * the enum; counts are exact integers in float64).  Empty input: zeros,
  * MIN_NONZERO and SCALE_INV_MIN = +inf.
  *
- * Summation order of the float64 sums (SIGNAL, NOISE, SUM, SUM3, SUM4), the
- * same on every ISA and thread count, so out is bit-identical everywhere:
+ * Summation order of the float64 sums (SIGNAL, NOISE, SUM1..SUM4), the same
+ * on every ISA and thread count, so out is bit-identical everywhere:
  *   - the rows are split into tasks of consecutive rows (64, or more when
  *     rows > 262144: the smallest multiple of 64 giving <= 4096 tasks);
  *   - within a task, element (i, j) is added to partial p[j mod 16], visiting
@@ -319,9 +323,10 @@ typedef struct fp8mix_stats_opts {
  *   - a task's sum is ((r[0] + r[1]) with r[k] = t[k] + t[k + 2],
  *     t[k] = u[k] + u[k + 4], u[k] = p[k] + p[k + 8]);
  *   - the task sums are added in task order, starting from +0.
- * Terms, in float64 from the float32 value x and the float32 decoded q:
- * x, x*x, (x*x)*x, (x*x)*(x*x), and e*e with e = x - q * scale_inv (products
- * rounded separately: no fused multiply-add).
+ * Terms, in float64 from the float32 values x, c and decoded q, with
+ * t = x - c and e = x - q * scale_inv: x*x (SIGNAL), e*e (NOISE), t, t*t,
+ * (t*t)*t, (t*t)*(t*t) (each operation rounded separately: no fused
+ * multiply-add).
  * Errors: NULL_POINTER, BAD_ENUM, BAD_SHAPE, BAD_SCALE, NO_MEMORY. */
 fp8mix_status fp8mix_quant_stats(const void *x, fp8mix_dtype xt, int64_t rows,
                                  int64_t cols, int64_t ld_x, const uint8_t *q,

@@ -48,21 +48,26 @@ static inline __m256i bins8(__m256i ux, __m256i use, const fp8mix_stats_seg *s)
     return _mm256_blendv_epi8(_mm256_set1_epi32(FP8MIX_STATS_HIST_BINS), e, use);
 }
 
-/* The float64 sums of 4 lanes. */
-static inline void sums4(__m256d S[STATS_SUMS][4], int h, __m256d x, __m256d xe, __m256d d, __m256d sinv)
+/* The float64 sums of 4 lanes: x (0 where not finite), xe and d (0 where the
+ * error term does not count), tm: all-ones in the lanes whose t = x - pivot
+ * counts. */
+static inline void sums4(__m256d S[STATS_SUMS][4], int h, __m256d x, __m256d xe, __m256d d, __m256d tm,
+                         __m256d sinv, __m256d pivot)
 {
-    __m256d x2 = _mm256_mul_pd(x, x);
-    S[STATS_SUM_X][h] = _mm256_add_pd(S[STATS_SUM_X][h], x);
-    S[STATS_SUM_X2][h] = _mm256_add_pd(S[STATS_SUM_X2][h], x2);
-    S[STATS_SUM_X3][h] = _mm256_add_pd(S[STATS_SUM_X3][h], _mm256_mul_pd(x2, x));
-    S[STATS_SUM_X4][h] = _mm256_add_pd(S[STATS_SUM_X4][h], _mm256_mul_pd(x2, x2));
+    S[STATS_SUM_SIG][h] = _mm256_add_pd(S[STATS_SUM_SIG][h], _mm256_mul_pd(x, x));
     __m256d e = _mm256_sub_pd(xe, _mm256_mul_pd(d, sinv));
     S[STATS_SUM_E2][h] = _mm256_add_pd(S[STATS_SUM_E2][h], _mm256_mul_pd(e, e));
+    __m256d t = _mm256_and_pd(_mm256_sub_pd(x, pivot), tm), t2 = _mm256_mul_pd(t, t);
+    S[STATS_SUM_T1][h] = _mm256_add_pd(S[STATS_SUM_T1][h], t);
+    S[STATS_SUM_T2][h] = _mm256_add_pd(S[STATS_SUM_T2][h], t2);
+    S[STATS_SUM_T3][h] = _mm256_add_pd(S[STATS_SUM_T3][h], _mm256_mul_pd(t2, t));
+    S[STATS_SUM_T4][h] = _mm256_add_pd(S[STATS_SUM_T4][h], _mm256_mul_pd(t2, t2));
 }
 
-/* Half `h` (lanes 8h .. 8h+7) of a step: 8 values and their bytes. */
-static inline void half8(run256 *r, fp8mix_stats_acc *a, int h, __m256 xv, __m256i qv, const fp8mix_stats_seg *s,
-                         __m256d sinv)
+/* Half `h` (lanes 8h .. 8h+7) of a step: 8 values and their bytes; `valid`
+ * is all-ones in the lanes that hold elements (not the tail's padding). */
+static inline void half8(run256 *r, fp8mix_stats_acc *a, int h, __m256 xv, __m256i qv, __m256i valid,
+                         const fp8mix_stats_seg *s, __m256d sinv, __m256d pivot)
 {
     const __m256i zero = _mm256_setzero_si256(), inf = _mm256_set1_epi32(0x7F800000);
     __m256i ux = _mm256_and_si256(_mm256_castps_si256(xv), _mm256_set1_epi32(0x7FFFFFFF));
@@ -87,10 +92,14 @@ static inline void half8(run256 *r, fp8mix_stats_acc *a, int h, __m256 xv, __m25
     __m256i efin = _mm256_and_si256(fin, qfin); /* the error term needs a finite q too */
     __m256 xf = _mm256_and_ps(xv, _mm256_castsi256_ps(fin)), xe = _mm256_and_ps(xv, _mm256_castsi256_ps(efin));
     __m256 d = _mm256_mask_i32gather_ps(_mm256_setzero_ps(), s->table, qv, _mm256_castsi256_ps(efin), 4);
+    __m256i tm = _mm256_and_si256(fin, valid);
+    __m256d tm0 = _mm256_castsi256_pd(_mm256_cvtepi32_epi64(_mm256_castsi256_si128(tm)));
+    __m256d tm1 = _mm256_castsi256_pd(_mm256_cvtepi32_epi64(_mm256_extracti128_si256(tm, 1)));
     sums4(r->sum, 2 * h, _mm256_cvtps_pd(_mm256_castps256_ps128(xf)), _mm256_cvtps_pd(_mm256_castps256_ps128(xe)),
-          _mm256_cvtps_pd(_mm256_castps256_ps128(d)), sinv);
+          _mm256_cvtps_pd(_mm256_castps256_ps128(d)), tm0, sinv, pivot);
     sums4(r->sum, 2 * h + 1, _mm256_cvtps_pd(_mm256_extractf128_ps(xf, 1)),
-          _mm256_cvtps_pd(_mm256_extractf128_ps(xe, 1)), _mm256_cvtps_pd(_mm256_extractf128_ps(d, 1)), sinv);
+          _mm256_cvtps_pd(_mm256_extractf128_ps(xe, 1)), _mm256_cvtps_pd(_mm256_extractf128_ps(d, 1)), tm1, sinv,
+          pivot);
 
     int32_t bins[8];
     _mm256_storeu_si256((__m256i *)bins, bins8(ux, fnz, s));
@@ -118,13 +127,16 @@ static void flush_counts(run256 *r, fp8mix_stats_acc *a)
     r->nz = r->nan = r->nonfin = r->und = r->sat = r->ovf = r->sub = _mm256_setzero_si256();
 }
 
-/* 16 elements from x (type xt, esz bytes each) and q. */
+/* 16 elements from x (type xt, esz bytes each) and q, of which the first nv are real. */
 static inline void step16(run256 *r, fp8mix_stats_acc *a, const uint8_t *x, fp8mix_dtype xt, size_t esz,
-                          const uint8_t *q, const fp8mix_stats_seg *s, __m256d sinv)
+                          const uint8_t *q, int nv, const fp8mix_stats_seg *s, __m256d sinv, __m256d pivot)
 {
+    const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     __m128i qb = _mm_loadu_si128((const __m128i *)q);
-    half8(r, a, 0, load8(x, xt), _mm256_cvtepu8_epi32(qb), s, sinv);
-    half8(r, a, 1, load8(x + 8 * esz, xt), _mm256_cvtepu8_epi32(_mm_srli_si128(qb, 8)), s, sinv);
+    half8(r, a, 0, load8(x, xt), _mm256_cvtepu8_epi32(qb), _mm256_cmpgt_epi32(_mm256_set1_epi32(nv), iota), s,
+          sinv, pivot);
+    half8(r, a, 1, load8(x + 8 * esz, xt), _mm256_cvtepu8_epi32(_mm_srli_si128(qb, 8)),
+          _mm256_cmpgt_epi32(_mm256_set1_epi32(nv - 8), iota), s, sinv, pivot);
 }
 
 static uint32_t hred(__m256i v, int want_max)
@@ -145,20 +157,20 @@ void fp8mix_stats_seg_avx2(fp8mix_stats_acc *a, const void *x, fp8mix_dtype xt, 
     r.vmin = _mm256_set1_epi32((int)a->min_bits);
     r.vmax = _mm256_set1_epi32((int)a->max_bits);
     r.nz = r.nan = r.nonfin = r.und = r.sat = r.ovf = r.sub = _mm256_setzero_si256();
-    const __m256d sinv = _mm256_set1_pd(s->sinv);
+    const __m256d sinv = _mm256_set1_pd(s->sinv), pivot = _mm256_set1_pd(s->pivot);
     const size_t esz = xt == FP8MIX_F32 ? 4 : 2;
     const uint8_t *xb = (const uint8_t *)x;
     int64_t full = n & ~(int64_t)15;
     for (int64_t t0 = 0; t0 < full; t0 += CHUNK) {
         int64_t t1 = full - t0 < CHUNK ? full : t0 + CHUNK;
-        for (int64_t t = t0; t < t1; t += 16) step16(&r, a, xb + (size_t)t * esz, xt, esz, q + t, s, sinv);
+        for (int64_t t = t0; t < t1; t += 16) step16(&r, a, xb + (size_t)t * esz, xt, esz, q + t, 16, s, sinv, pivot);
         flush_counts(&r, a);
     }
-    if (full < n) { /* the tail, zero-padded: +0 with byte 0 counts nowhere */
+    if (full < n) { /* the tail, zero-padded: +0 with byte 0 counts nowhere but in t = x - pivot */
         _Alignas(32) uint8_t xt_buf[16 * 4] = {0}, qt_buf[16] = {0};
         memcpy(xt_buf, xb + (size_t)full * esz, (size_t)(n - full) * esz);
         memcpy(qt_buf, q + full, (size_t)(n - full));
-        step16(&r, a, xt_buf, xt, esz, qt_buf, s, sinv);
+        step16(&r, a, xt_buf, xt, esz, qt_buf, (int)(n - full), s, sinv, pivot);
         flush_counts(&r, a);
     }
     for (int k = 0; k < STATS_SUMS; k++)

@@ -47,21 +47,25 @@ static inline __m512i bins16(__m512i ux, __mmask16 use, const fp8mix_stats_seg *
     return _mm512_mask_mov_epi32(_mm512_set1_epi32(FP8MIX_STATS_HIST_BINS), use, e);
 }
 
-/* The float64 sums of one half (8 lanes) of a step. */
-static inline void sums8(__m512d S[STATS_SUMS], __m512d x, __m512d xe, __m512d d, __m512d sinv)
+/* The float64 sums of one half (8 lanes) of a step: x (0 where not finite),
+ * xe and d (0 where the error term does not count), tm: the lanes whose
+ * t = x - pivot counts. */
+static inline void sums8(__m512d S[STATS_SUMS], __m512d x, __m512d xe, __m512d d, __mmask8 tm, __m512d sinv,
+                         __m512d pivot)
 {
-    __m512d x2 = _mm512_mul_pd(x, x);
-    S[STATS_SUM_X] = _mm512_add_pd(S[STATS_SUM_X], x);
-    S[STATS_SUM_X2] = _mm512_add_pd(S[STATS_SUM_X2], x2);
-    S[STATS_SUM_X3] = _mm512_add_pd(S[STATS_SUM_X3], _mm512_mul_pd(x2, x));
-    S[STATS_SUM_X4] = _mm512_add_pd(S[STATS_SUM_X4], _mm512_mul_pd(x2, x2));
+    S[STATS_SUM_SIG] = _mm512_add_pd(S[STATS_SUM_SIG], _mm512_mul_pd(x, x));
     __m512d e = _mm512_sub_pd(xe, _mm512_mul_pd(d, sinv));
     S[STATS_SUM_E2] = _mm512_add_pd(S[STATS_SUM_E2], _mm512_mul_pd(e, e));
+    __m512d t = _mm512_maskz_sub_pd(tm, x, pivot), t2 = _mm512_mul_pd(t, t);
+    S[STATS_SUM_T1] = _mm512_add_pd(S[STATS_SUM_T1], t);
+    S[STATS_SUM_T2] = _mm512_add_pd(S[STATS_SUM_T2], t2);
+    S[STATS_SUM_T3] = _mm512_add_pd(S[STATS_SUM_T3], _mm512_mul_pd(t2, t));
+    S[STATS_SUM_T4] = _mm512_add_pd(S[STATS_SUM_T4], _mm512_mul_pd(t2, t2));
 }
 
 /* One step of 16 elements (lanes outside m are +0 and count nowhere). */
-static inline void step16(run512 *r, fp8mix_stats_acc *a, __m512 xv, __m512i qv, const fp8mix_stats_seg *s,
-                          __m512d sinv)
+static inline void step16(run512 *r, fp8mix_stats_acc *a, __m512 xv, __m512i qv, __mmask16 m,
+                          const fp8mix_stats_seg *s, __m512d sinv, __m512d pivot)
 {
     const __m512i one = _mm512_set1_epi32(1);
     __m512i ux = _mm512_and_si512(_mm512_castps_si512(xv), _mm512_set1_epi32(0x7FFFFFFF));
@@ -86,10 +90,11 @@ static inline void step16(run512 *r, fp8mix_stats_acc *a, __m512 xv, __m512i qv,
     __mmask16 efin = fin & qfin; /* the error term needs a finite q too */
     __m512 xf = _mm512_maskz_mov_ps(fin, xv), xe = _mm512_maskz_mov_ps(efin, xv);
     __m512 d = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), efin, qv, s->table, 4);
+    __mmask16 tm = fin & m;
     sums8(r->sum[0], _mm512_cvtps_pd(_mm512_castps512_ps256(xf)), _mm512_cvtps_pd(_mm512_castps512_ps256(xe)),
-          _mm512_cvtps_pd(_mm512_castps512_ps256(d)), sinv);
+          _mm512_cvtps_pd(_mm512_castps512_ps256(d)), (__mmask8)tm, sinv, pivot);
     sums8(r->sum[1], _mm512_cvtps_pd(_mm512_extractf32x8_ps(xf, 1)), _mm512_cvtps_pd(_mm512_extractf32x8_ps(xe, 1)),
-          _mm512_cvtps_pd(_mm512_extractf32x8_ps(d, 1)), sinv);
+          _mm512_cvtps_pd(_mm512_extractf32x8_ps(d, 1)), (__mmask8)(tm >> 8), sinv, pivot);
 
     int32_t bins[16];
     _mm512_storeu_si512(bins, bins16(ux, fnz, s));
@@ -117,7 +122,7 @@ void fp8mix_stats_seg_avx512(fp8mix_stats_acc *a, const void *x, fp8mix_dtype xt
     r.vmin = _mm512_set1_epi32((int)a->min_bits);
     r.vmax = _mm512_set1_epi32((int)a->max_bits);
     r.nz = r.nan = r.nonfin = r.und = r.sat = r.ovf = r.sub = _mm512_setzero_si512();
-    const __m512d sinv = _mm512_set1_pd(s->sinv);
+    const __m512d sinv = _mm512_set1_pd(s->sinv), pivot = _mm512_set1_pd(s->pivot);
     const size_t esz = xt == FP8MIX_F32 ? 4 : 2;
     for (int64_t t0 = 0; t0 < n; t0 += CHUNK) {
         int64_t t1 = n - t0 < CHUNK ? n : t0 + CHUNK;
@@ -125,7 +130,7 @@ void fp8mix_stats_seg_avx512(fp8mix_stats_acc *a, const void *x, fp8mix_dtype xt
             __mmask16 m = t1 - t >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (t1 - t)) - 1);
             __m512 xv = load16((const uint8_t *)x + (size_t)t * esz, xt, m);
             __m512i qv = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, q + t));
-            step16(&r, a, xv, qv, s, sinv);
+            step16(&r, a, xv, qv, m, s, sinv, pivot);
         }
         flush_counts(&r, a);
     }
