@@ -36,8 +36,9 @@ import torch.nn as nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import fp8mix  # noqa: E402
 from _machine import cpu_model  # noqa: E402
+
+import fp8mix  # noqa: E402
 from fp8mix.monitor import NumericsWarning  # noqa: E402
 from fp8mix.recipe import DelayedScaling  # noqa: E402
 
