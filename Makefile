@@ -38,7 +38,8 @@ ISA_avx512     = -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq
 ISA_avx512bf16 = $(ISA_avx512) -mavx512bf16
 isa_flags = $(if $(findstring _avx512bf16,$1),$(ISA_avx512bf16),$(if $(findstring _avx512,$1),$(ISA_avx512),$(if $(findstring _avx2,$1),$(ISA_avx2))))
 
-HDRS := csrc/include/fp8mix.h csrc/core/internal.h csrc/core/fp8_rules.h csrc/core/gemm_internal.h
+HDRS := csrc/include/fp8mix.h csrc/core/internal.h csrc/core/fp8_rules.h csrc/core/gemm_internal.h \
+        csrc/core/stats_kernels.h
 
 .PHONY: core test-c demo test cuda-check cuda-ops-check clean venv
 core: $(CORE_LIB)
@@ -54,7 +55,7 @@ $(CORE_LIB): $(CORE_OBJ)
 CTEST_SRC := $(wildcard tests/c/test_*.c)
 CTEST_BIN := $(patsubst tests/c/%.c,$(BUILD)/tests/%,$(CTEST_SRC))
 
-$(BUILD)/tests/%: tests/c/%.c tests/c/check.h $(CORE_LIB)
+$(BUILD)/tests/%: tests/c/%.c tests/c/check.h tests/c/stats_ref.h $(CORE_LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALLCFLAGS) -Itests/c $< $(CORE_LIB) -o $@ -lpthread -lm $(LDFLAGS_SAN)
 
@@ -78,7 +79,7 @@ $(FUZZ_BUILD)/%.o: csrc/%.c $(HDRS)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -fno-sanitize-coverage=trace-cmp $(call isa_flags,$<) -c $< -o $@
 
-$(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_common.h $(FUZZ_CORE_OBJ)
+$(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_common.h tests/c/stats_ref.h $(FUZZ_CORE_OBJ)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -Itests/fuzz $< $(FUZZ_CORE_OBJ) -o $@ -lpthread -lm
 
 .PHONY: fuzz fuzz-build valgrind

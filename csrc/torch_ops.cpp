@@ -287,7 +287,9 @@ std::tuple<at::Tensor, at::Tensor> compute_scale_cpu(const at::Tensor &amax, at:
 }
 
 // Statistics of a cast (fp8mix_quant_stats): a float64 tensor of FP8MIX_STATS_N entries.
-at::Tensor quant_stats_cpu(const at::Tensor &x, const at::Tensor &q, const at::Tensor &scale_inv, int64_t gran)
+// bad_scale_as_one: count a scale_inv that is not finite and > 0 and measure its tile with 1 (else an error).
+at::Tensor quant_stats_cpu(const at::Tensor &x, const at::Tensor &q, const at::Tensor &scale_inv, int64_t gran,
+                           bool bad_scale_as_one)
 {
     const char *op = "quant_stats";
     check_on(x, kCPU, op, "x");
@@ -300,9 +302,10 @@ at::Tensor quant_stats_cpu(const at::Tensor &x, const at::Tensor &q, const at::T
     View2D vx = view2d(x), vq = view2d(q);
     at::Tensor s = scale_arg(scale_inv, scale_count(g, vx.rows, vx.cols), kCPU, op, "scale_inv");
     at::Tensor out = at::empty({FP8MIX_STATS_N}, x.options().dtype(at::kDouble));
+    fp8mix_stats_opts opts = {bad_scale_as_one ? 1 : 0};
     sync_threads();
     check_status(fp8mix_quant_stats(vx.t.data_ptr(), xt, vx.rows, vx.cols, vx.ld, (const uint8_t *)vq.t.data_ptr(),
-                                    vq.ld, fmt, g, s.data_ptr<float>(), out.data_ptr<double>()),
+                                    vq.ld, fmt, g, s.data_ptr<float>(), &opts, out.data_ptr<double>()),
                  op, "scale_inv must be finite and > 0");
     return out;
 }
@@ -1022,7 +1025,8 @@ TORCH_LIBRARY(fp8mix, m)
     m.def("compute_scale(Tensor amax, ScalarType fp8_dtype, int margin=0, bool power_2_scale=False, "
           "float amax_epsilon=0.0) -> (Tensor scale, Tensor scale_inv)");
     m.def("dequantize(Tensor q, Tensor scale_inv, int granularity, ScalarType out_dtype) -> Tensor");
-    m.def("quant_stats(Tensor x, Tensor q, Tensor scale_inv, int granularity) -> Tensor");
+    m.def("quant_stats(Tensor x, Tensor q, Tensor scale_inv, int granularity, *, bool bad_scale_as_one=False) "
+          "-> Tensor");
     // scale_kind_a/b: fp8mix_mm_scale (0 tensor, 1 row/column, 2 block), or -1 to infer from the shapes.
     m.def("scaled_mm(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, Tensor? bias=None, "
           "ScalarType? out_dtype=None, str accumulate='fp32', int promote_interval=128, int scale_kind_a=-1, "

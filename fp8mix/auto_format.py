@@ -2,8 +2,8 @@
 
 On an evaluated use of a role, the tensor is cast both ways with its amax scale
 (margin and power-of-two rule of the recipe) and fp8mix_quant_stats measures, for
-each format, the fraction of non-zero values lost (flushed to zero or clipped) and
-the SQNR. The preference of that evaluation:
+each format, the fraction of non-zero values lost (flushed to zero or clipped), the
+SQNR and the dynamic range (fp8mix.numerics.QuantStats). The preference of that evaluation:
 
 * **range first**: if E4M3 would lose more than ``range_tolerance`` of the non-zero
   values and E5M2 loses less than half as many, E5M2 (the tensor's dynamic range,
@@ -30,7 +30,7 @@ import torch
 
 from . import ops
 from .formats import Format, fp8_dtype
-from .numerics import QuantStats, stats_from_counts
+from .numerics import QuantStats, stats_from_list
 
 __all__ = ["AutoFormat", "evaluate", "prefer", "due", "tick", "vote", "STATE_LEN"]
 
@@ -68,26 +68,21 @@ class AutoFormat:
 
 def evaluate(x2: torch.Tensor, granularity: int, margin: int, power_2_scale: bool, tolerance: float):
     """Cast x2 (2-D) as E4M3 and as E5M2 with current scales, measure both with
-    quant_stats, and return prefer()'s (Format, reason). The amax comes from the casts."""
-    out = []
+    fp8mix_quant_stats (one host read for the two), and return prefer()'s (Format, reason)."""
+    counts = []
     for fmt in CODES:
-        q, _, sinv, am = ops.quantize_current(x2, fp8_dtype(fmt), granularity=granularity, margin=margin,
-                                              power_2_scale=power_2_scale)
-        out.append(stats_from_counts(ops.quant_stats(x2, q, sinv, granularity)))
-    return prefer(out[0], out[1], tolerance, float(am.max()) if am.numel() else 0.0)
+        q, _, sinv, _ = ops.quantize_current(x2, fp8_dtype(fmt), granularity=granularity, margin=margin,
+                                             power_2_scale=power_2_scale)
+        counts.append(ops.quant_stats(x2, q, sinv, granularity))
+    s4, s5 = (stats_from_list(v) for v in torch.stack(counts).tolist())
+    return prefer(s4, s5, tolerance)
 
 
-def _range_binades(s: QuantStats, amax: float) -> float:
-    if not s.min_nonzero or math.isinf(s.min_nonzero) or amax <= 0:
-        return 0.0
-    return math.log2(amax / s.min_nonzero)
-
-
-def prefer(s4: QuantStats, s5: QuantStats, tolerance: float, amax: float = 0.0):
+def prefer(s4: QuantStats, s5: QuantStats, tolerance: float):
     """(Format, reason) that one evaluation prefers; see the module docstring."""
     lost4 = s4.underflow_frac + s4.overflow_frac
     lost5 = s5.underflow_frac + s5.overflow_frac
-    rng = _range_binades(s4, amax)
+    rng = s4.log2_range
     if lost4 > tolerance and lost5 < 0.5 * lost4:
         return Format.E5M2, (f"range: E4M3 would lose {100 * lost4:.2f}% of values, E5M2 {100 * lost5:.2f}% "
                              f"(dynamic range 2^{rng:.1f})")

@@ -167,17 +167,20 @@ def grad_cast(dy: torch.Tensor, fp8_dtype: torch.dtype, *, plan: Optional[torch.
 
 # ---- statistics -------------------------------------------------------------------------
 
-# fp8mix_quant_stats' output entries, in order (see fp8mix.h).
-QUANT_STATS_FIELDS = ("numel", "nonzero", "underflow", "saturated", "nonfinite", "overflow", "subnormal",
-                      "signal", "noise", "min_nonzero")
-QUANT_STATS_N = len(QUANT_STATS_FIELDS)
+# Length of fp8mix_quant_stats' output (FP8MIX_STATS_N in fp8mix.h); fp8mix.numerics.FIELDS and
+# HIST_BINS name its entries (the one list; tests/test_numerics.py checks that the two agree).
+QUANT_STATS_N = 84
 
 
-def quant_stats(x, q, scale_inv, granularity):
-    """fp8mix_quant_stats on the CPU (tensors elsewhere are copied: stats are sampled)."""
+def quant_stats(x: torch.Tensor, q: torch.Tensor, scale_inv: torch.Tensor, granularity, *,
+                bad_scale_as_one: bool = False) -> torch.Tensor:
+    """fp8mix_quant_stats: a float64 vector of QUANT_STATS_N entries (see fp8mix.numerics);
+    granularity: its code (or a Granularity). On the CPU (tensors elsewhere are copied:
+    statistics are sampled). bad_scale_as_one: count a scale_inv that is not finite and > 0
+    and measure its tile as if it were 1, instead of raising."""
     if x.device.type != "cpu":
         x, q, scale_inv = x.cpu(), q.cpu(), scale_inv.cpu()
-    return _ops.quant_stats(x, q, scale_inv, int(granularity))
+    return _ops.quant_stats(x, q, scale_inv, int(granularity), bad_scale_as_one=bad_scale_as_one)
 
 
 def cpu_isa() -> str:
@@ -228,7 +231,7 @@ def _dequantize_fake(q, scale_inv, granularity, out_dtype):
 
 
 @torch.library.register_fake("fp8mix::quant_stats")
-def _quant_stats_fake(x, q, scale_inv, granularity):
+def _quant_stats_fake(x, q, scale_inv, granularity, *, bad_scale_as_one=False):
     return x.new_empty((QUANT_STATS_N,), dtype=torch.float64)
 
 

@@ -1,12 +1,15 @@
 /*
- * stats.c — what a cast lost: counts and error energy of x against its FP8
- * bytes (fp8mix_quant_stats).  Used by the numerics monitor, the gradient
- * scaler's feedback and the automatic format choice.  Sampled, not on the hot
- * path, so there is one portable scalar kernel and no SIMD variant.
+ * stats.c — what a cast lost, and what the tensor looked like: counts, error
+ * energy, power sums and a log2 histogram of x against its FP8 bytes
+ * (fp8mix_quant_stats).  The one statistics path of fp8mix: the numerics
+ * monitor, the gradient scaler's feedback and the automatic format choice all
+ * read it.
  *
- * Rows are split into tasks of STATS_ROWS rows; each task writes its own
- * partial sums and the partials are added in task order, so the doubles are
- * the same for every thread count.
+ * Layout: the scalar segment kernel (the oracle of the SIMD variants in
+ * x86/stats_*.c), the per-segment parameters, the task loop over rows, and
+ * the entry point.  The order of the float64 sums is fixed (fp8mix.h): 16
+ * lane partials per task, reduced by a fixed tree, tasks added in order, so
+ * the doubles are the same for every ISA and thread count.
  */
 #include <float.h>
 #include <math.h>
@@ -15,105 +18,232 @@
 
 #include "fp8mix.h"
 #include "internal.h"
+#include "stats_kernels.h"
 
 #define STATS_ROWS 64
+#define STATS_MAX_TASKS 4096
 #define STATS_GRAIN (1 << 16)
+
+/* ---- the scalar reference ------------------------------------------------ */
+
+/* Written from the header's definitions, on float values; the SIMD variants
+ * classify bytes instead and must agree bit for bit. */
+void fp8mix_stats_seg_scalar(fp8mix_stats_acc *a, const void *x, fp8mix_dtype xt, const uint8_t *q, int64_t n,
+                             const fp8mix_stats_seg *s)
+{
+    const float *tab = s->table;
+    for (int64_t t = 0; t < n; t++) {
+        float v = load_f32(x, xt, t), ax = fabsf(v);
+        float d = tab[q[t]], ad = fabsf(d);
+        int lane = (int)(t % FP8MIX_STATS_LANES);
+        a->nonzero += v != 0; /* NaN != 0 */
+        if (!(ax <= FLT_MAX)) { /* NaN or inf: nothing else counts it (its terms are +0) */
+            a->nonfinite++;
+            a->nan += v != v;
+            continue;
+        }
+        a->underflow += (v != 0) & (d == 0);
+        a->saturated += ad == s->fmax;
+        a->subnormal += (ad != 0) & (ad < s->min_normal);
+        a->overflow += (double)ax > s->ovf_bound;
+        uint32_t ub = f32_bits(ax);
+        if (v != 0 && ub < a->min_bits) a->min_bits = ub;
+        if (ub > a->max_bits) a->max_bits = ub;
+        double xd = (double)v, td = xd - s->pivot, t2 = td * td;
+        a->part[STATS_SUM_SIG][lane] += xd * xd;
+        a->part[STATS_SUM_T1][lane] += td;
+        a->part[STATS_SUM_T2][lane] += t2;
+        a->part[STATS_SUM_T3][lane] += t2 * td;
+        a->part[STATS_SUM_T4][lane] += t2 * t2;
+        if (ad <= FLT_MAX) {
+            double e = xd - (double)d * s->sinv;
+            a->part[STATS_SUM_E2][lane] += e * e;
+        }
+        if (v != 0) {
+            int ex;
+            float fx = frexpf(ax, &ex);
+            a->hist[t % FP8MIX_STATS_HIST_COPIES][stats_hist_bin(ex, fx, s)]++;
+        }
+    }
+}
+
+/* The segment kernel of the ISA dispatch.c chose.  dispatch.c owns the ISA
+ * choice; until its kernel table carries a stats entry, follow the table's
+ * cast kernel, so the two can never disagree (and FP8MIX_MAX_ISA /
+ * fp8mix_set_max_isa cap both). */
+static fp8mix_stats_seg_fn stats_kernel(void)
+{
+#if FP8MIX_X86
+    fp8mix_cast_seg_fn cast = fp8mix_kernels_active()->cast_seg;
+    if (cast == fp8mix_cast_seg_avx512) return fp8mix_stats_seg_avx512;
+    if (cast == fp8mix_cast_seg_avx2) return fp8mix_stats_seg_avx2;
+#endif
+    return fp8mix_stats_seg_scalar;
+}
+
+/* ---- per-segment parameters ---------------------------------------------- */
+
+/* Parameters of a segment under scale_inv `si` (finite, > 0). */
+static void seg_init(fp8mix_stats_seg *s, fp8mix_format fmt, float si, float pivot)
+{
+    int e4 = fmt == FP8MIX_E4M3;
+    s->table = fp8mix_decode_table(fmt);
+    s->fmax = fp8mix_format_max(fmt);
+    s->min_normal = e4 ? 0x1p-6f : 0x1p-14f;
+    s->sinv = (double)si;
+    s->pivot = (double)pivot;
+    /* the encoder's overflow threshold, max + half a step; the product has at
+     * most 24 + 5 significant bits, so it is exact in float64 */
+    s->ovf_bound = (e4 ? 464.0 : 59392.0) * (double)si;
+    float f = s->ovf_bound > FLT_MAX ? FLT_MAX : (float)s->ovf_bound;
+    if ((double)f > s->ovf_bound) f = nextafterf(f, 0.0f);
+    s->ovf_f = f;
+    s->sinv_frac = frexpf(si, &s->sinv_exp);
+    s->sinv_mant = f32_bits(s->sinv_frac) & 0x7FFFFFu;
+    s->code_max = e4 ? 0x7E : 0x7B;
+    s->code_sub = e4 ? 0x07 : 0x03;
+    s->code_nonfin = e4 ? 0x7F : 0x7C;
+}
+
+/* ---- tasks ----------------------------------------------------------------- */
 
 typedef struct stats_job {
     const uint8_t *x;
     fp8mix_dtype xt;
     size_t esz;
-    int64_t rows, cols, ld_x;
+    int64_t rows, cols, ld_x, rows_per_task;
     const uint8_t *q;
     int64_t ld_q;
+    fp8mix_format fmt;
     fp8mix_granularity gran;
     const float *scale_inv;
-    const float *table;
-    double fmt_max, ovf_bound, min_normal;
+    int bad_as_one;
+    float pivot;
+    fp8mix_stats_seg_fn kernel;
     double *part; /* ntasks x FP8MIX_STATS_N */
 } stats_job;
 
-/* Running sums of one task: integer counts, two float64 energies. */
-typedef struct stats_acc {
-    int64_t nz, und, sat, nonfin, ovf, sub;
-    double sig, err, mn;
-} stats_acc;
-
-/* One segment of a row that shares a single scale: v (already float32), q. */
-static void stats_seg(stats_acc *a, const float *v, const uint8_t *q, int64_t n, const stats_job *J, double si)
+/* The fixed reduction tree of the header over one sum's 16 partials. */
+static double lanes_sum(const double p[FP8MIX_STATS_LANES])
 {
-    const float *tab = J->table;
-    const float fmax = (float)J->fmt_max, minn = (float)J->min_normal;
-    const double bound = J->ovf_bound * si;
-    int64_t nz = 0, und = 0, sat = 0, sub = 0, ovf = 0;
-    double sig = 0, err = 0, mn = a->mn;
-    for (int64_t j = 0; j < n; j++) {
-        float x = v[j], ax = fabsf(x);
-        float d = tab[q[j]], ad = fabsf(d);
-        nz += x != 0;
-        if (!(ax <= FLT_MAX)) { a->nonfin++; continue; } /* NaN or inf */
-        und += (x != 0) & (d == 0);
-        sat += ad == fmax;
-        sub += (ad != 0) & (ad < minn);
-        ovf += (double)ax > bound;
-        if (x != 0 && ax < mn) mn = ax;
-        sig += (double)x * (double)x;
-        if (ad <= FLT_MAX) {
-            double e = (double)x - (double)d * si;
-            err += e * e;
-        }
-    }
-    a->nz += nz; a->und += und; a->sat += sat; a->sub += sub; a->ovf += ovf;
-    a->sig += sig; a->err += err; a->mn = mn;
+    double u[8], t[4];
+    for (int k = 0; k < 8; k++) u[k] = p[k] + p[k + 8];
+    for (int k = 0; k < 4; k++) t[k] = u[k] + u[k + 4];
+    return (t[0] + t[2]) + (t[1] + t[3]);
 }
 
-/* Row segment of any element type to float32 (exact widening). */
-static void load_seg(float *dst, const uint8_t *row, fp8mix_dtype t, int64_t j0, int64_t n)
+/* One task's statistics in the output's layout. */
+static void acc_store(const fp8mix_stats_acc *a, int64_t numel, double *s)
 {
-    switch (t) {
-    case FP8MIX_F32: memcpy(dst, (const float *)row + j0, (size_t)n * sizeof(float)); break;
-    case FP8MIX_BF16:
-        for (int64_t j = 0; j < n; j++) dst[j] = bf16_to_f32(((const uint16_t *)row)[j0 + j]);
-        break;
-    default:
-        for (int64_t j = 0; j < n; j++) dst[j] = fp8mix_f16_to_f32_ref(((const uint16_t *)row)[j0 + j]);
-        break;
+    for (int k = 0; k < FP8MIX_STATS_N; k++) s[k] = 0;
+    s[FP8MIX_STATS_NUMEL] = (double)numel;
+    s[FP8MIX_STATS_NONZERO] = (double)a->nonzero;
+    s[FP8MIX_STATS_UNDERFLOW] = (double)a->underflow;
+    s[FP8MIX_STATS_SATURATED] = (double)a->saturated;
+    s[FP8MIX_STATS_NONFINITE] = (double)a->nonfinite;
+    s[FP8MIX_STATS_OVERFLOW] = (double)a->overflow;
+    s[FP8MIX_STATS_SUBNORMAL] = (double)a->subnormal;
+    s[FP8MIX_STATS_NAN] = (double)a->nan;
+    s[FP8MIX_STATS_MIN_NONZERO] = (double)bits_f32(a->min_bits);
+    s[FP8MIX_STATS_MAX_FINITE] = (double)bits_f32(a->max_bits);
+    s[FP8MIX_STATS_SIGNAL] = lanes_sum(a->part[STATS_SUM_SIG]);
+    s[FP8MIX_STATS_NOISE] = lanes_sum(a->part[STATS_SUM_E2]);
+    s[FP8MIX_STATS_SUM1] = lanes_sum(a->part[STATS_SUM_T1]);
+    s[FP8MIX_STATS_SUM2] = lanes_sum(a->part[STATS_SUM_T2]);
+    s[FP8MIX_STATS_SUM3] = lanes_sum(a->part[STATS_SUM_T3]);
+    s[FP8MIX_STATS_SUM4] = lanes_sum(a->part[STATS_SUM_T4]);
+    for (int b = 0; b < FP8MIX_STATS_HIST_BINS; b++) {
+        int64_t c = 0;
+        for (int k = 0; k < FP8MIX_STATS_HIST_COPIES; k++) c += a->hist[k][b];
+        s[FP8MIX_STATS_HIST + b] = (double)c;
     }
 }
 
 static void stats_task(void *ctx, int64_t task, int worker)
 {
     (void)worker;
-    stats_job *J = (stats_job *)ctx;
-    float buf[FP8MIX_BLOCK];
-    stats_acc a = {0, 0, 0, 0, 0, 0, 0.0, 0.0, INFINITY};
-    int64_t r0 = task * STATS_ROWS, r1 = r0 + STATS_ROWS < J->rows ? r0 + STATS_ROWS : J->rows;
+    const stats_job *J = (const stats_job *)ctx;
+    fp8mix_stats_acc acc, *a = &acc; /* ~3 KB */
+    memset(a, 0, sizeof acc);
+    a->min_bits = 0x7F800000u;
+    fp8mix_stats_seg seg;
+    float seg_si = 0; /* the scale_inv seg was made for (0: none yet) */
+    /* the segment width: one scale per segment, starting at a multiple of 16 */
+    int64_t width = J->gran == FP8MIX_GRAN_TENSOR || J->gran == FP8MIX_GRAN_ROW ? J->cols : FP8MIX_BLOCK;
+    int64_t r0 = task * J->rows_per_task;
+    int64_t r1 = r0 + J->rows_per_task < J->rows ? r0 + J->rows_per_task : J->rows;
     for (int64_t i = r0; i < r1; i++) {
         const uint8_t *xr = J->x + (size_t)(i * J->ld_x) * J->esz;
         const uint8_t *qr = J->q + i * J->ld_q;
-        /* chunks of FP8MIX_BLOCK columns never straddle a block scale */
-        for (int64_t j = 0; j < J->cols; j += FP8MIX_BLOCK) {
-            int64_t n = J->cols - j < FP8MIX_BLOCK ? J->cols - j : FP8MIX_BLOCK;
-            load_seg(buf, xr, J->xt, j, n);
-            stats_seg(&a, buf, qr + j, n, J, (double)J->scale_inv[scale_index(J->gran, i, j, J->cols)]);
+        for (int64_t j = 0; j < J->cols; j += width) {
+            int64_t n = J->cols - j < width ? J->cols - j : width;
+            float si = J->scale_inv[scale_index(J->gran, i, j, J->cols)];
+            if (J->bad_as_one && !(si > 0 && si <= FLT_MAX)) si = 1.0f;
+            if (si != seg_si) {
+                seg_init(&seg, J->fmt, si, J->pivot);
+                seg_si = si;
+            }
+            J->kernel(a, xr + (size_t)j * J->esz, J->xt, qr + j, n, &seg);
         }
     }
-    double *s = J->part + task * FP8MIX_STATS_N;
-    s[FP8MIX_STATS_NUMEL] = (double)((r1 - r0) * J->cols);
-    s[FP8MIX_STATS_NONZERO] = (double)a.nz;
-    s[FP8MIX_STATS_UNDERFLOW] = (double)a.und;
-    s[FP8MIX_STATS_SATURATED] = (double)a.sat;
-    s[FP8MIX_STATS_NONFINITE] = (double)a.nonfin;
-    s[FP8MIX_STATS_OVERFLOW] = (double)a.ovf;
-    s[FP8MIX_STATS_SUBNORMAL] = (double)a.sub;
-    s[FP8MIX_STATS_SIGNAL] = a.sig;
-    s[FP8MIX_STATS_NOISE] = a.err;
-    s[FP8MIX_STATS_MIN_NONZERO] = a.mn;
+    acc_store(a, (r1 - r0) * J->cols, J->part + task * FP8MIX_STATS_N);
 }
 
-fp8mix_status fp8mix_quant_stats(const void *x, fp8mix_dtype xt, int64_t rows, int64_t cols,
-                                 int64_t ld_x, const uint8_t *q, int64_t ld_q, fp8mix_format fmt,
-                                 fp8mix_granularity gran, const float *scale_inv,
+/* ---- the entry point -------------------------------------------------------- */
+
+/* The first finite x in row-major order, 0 if none (normally x[0]: the scan
+ * is long only for a tensor that is mostly NaN or inf). */
+static float first_finite(const uint8_t *x, fp8mix_dtype xt, int64_t rows, int64_t cols, int64_t ld_x)
+{
+    size_t esz = dtype_size(xt);
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t j = 0; j < cols; j++) {
+            float v = load_f32(x + (size_t)(i * ld_x) * esz, xt, j);
+            if (fabsf(v) <= FLT_MAX) return v;
+        }
+    return 0.0f;
+}
+
+/* BAD_SCALES, SCALE_INV_MIN and SCALE_INV_MAX of the scale array. */
+static void scale_summary(const float *s, int64_t n, double out[FP8MIX_STATS_N])
+{
+    int64_t bad = 0;
+    float lo = INFINITY, hi = 0;
+    for (int64_t k = 0; k < n; k++) {
+        float v = s[k];
+        if (!(v > 0 && v <= FLT_MAX)) {
+            bad++;
+            continue;
+        }
+        lo = v < lo ? v : lo;
+        hi = v > hi ? v : hi;
+    }
+    out[FP8MIX_STATS_BAD_SCALES] = (double)bad;
+    out[FP8MIX_STATS_SCALE_INV_MIN] = (double)lo;
+    out[FP8MIX_STATS_SCALE_INV_MAX] = (double)hi;
+}
+
+/* The task results added in task order (min / max for MIN_NONZERO / MAX_FINITE). */
+static void combine(const double *part, int64_t ntasks, double r[FP8MIX_STATS_N])
+{
+    for (int k = 0; k < FP8MIX_STATS_N; k++) r[k] = 0;
+    r[FP8MIX_STATS_MIN_NONZERO] = INFINITY;
+    for (int64_t t = 0; t < ntasks; t++) {
+        const double *s = part + t * FP8MIX_STATS_N;
+        for (int k = 0; k < FP8MIX_STATS_N; k++) {
+            if (k == FP8MIX_STATS_MIN_NONZERO)
+                r[k] = s[k] < r[k] ? s[k] : r[k];
+            else if (k == FP8MIX_STATS_MAX_FINITE)
+                r[k] = s[k] > r[k] ? s[k] : r[k];
+            else
+                r[k] += s[k];
+        }
+    }
+}
+
+fp8mix_status fp8mix_quant_stats(const void *x, fp8mix_dtype xt, int64_t rows, int64_t cols, int64_t ld_x,
+                                 const uint8_t *q, int64_t ld_q, fp8mix_format fmt, fp8mix_granularity gran,
+                                 const float *scale_inv, const fp8mix_stats_opts *opts,
                                  double out[FP8MIX_STATS_N])
 {
     if (!out) return FP8MIX_ERR_NULL_POINTER;
@@ -121,30 +251,26 @@ fp8mix_status fp8mix_quant_stats(const void *x, fp8mix_dtype xt, int64_t rows, i
         xt != FP8MIX_F16) || gran < FP8MIX_GRAN_TENSOR || gran > FP8MIX_GRAN_BLOCK2D)
         return FP8MIX_ERR_BAD_ENUM;
     if (bad_2d(rows, cols, ld_x) || bad_2d(rows, cols, ld_q)) return FP8MIX_ERR_BAD_SHAPE;
-    int empty = rows == 0 || cols == 0;
+    int empty = rows == 0 || cols == 0, bad_as_one = opts && opts->bad_scale_as_one;
     if (!empty && (!x || !q || !scale_inv)) return FP8MIX_ERR_NULL_POINTER;
-    if (!empty && fp8mix_scales_bad(scale_inv, fp8mix_scale_count(gran, rows, cols))) return FP8MIX_ERR_BAD_SCALE;
-    for (int k = 0; k < FP8MIX_STATS_N; k++) out[k] = 0;
-    out[FP8MIX_STATS_MIN_NONZERO] = INFINITY;
-    if (empty) return FP8MIX_OK;
-    int64_t ntasks = ceil_div(rows, STATS_ROWS);
-    if ((uint64_t)ntasks > SIZE_MAX / (FP8MIX_STATS_N * sizeof(double))) return FP8MIX_ERR_NO_MEMORY;
-    double *part = (double *)malloc((size_t)ntasks * FP8MIX_STATS_N * sizeof(double));
-    if (!part) return FP8MIX_ERR_NO_MEMORY;
-    stats_job J = {(const uint8_t *)x, xt, dtype_size(xt), rows, cols, ld_x, q, ld_q, gran, scale_inv,
-                   fp8mix_decode_table(fmt), (double)fp8mix_format_max(fmt),
-                   /* the overflow threshold of the encoder: max + half a step */
-                   fmt == FP8MIX_E4M3 ? 464.0 : 59392.0,
-                   fmt == FP8MIX_E4M3 ? ldexp(1.0, -6) : ldexp(1.0, -14), part};
-    fp8mix_parallel_for(ntasks, fp8mix_workers_for(rows * cols, STATS_GRAIN), stats_task, &J);
-    for (int64_t t = 0; t < ntasks; t++) {
-        const double *s = part + t * FP8MIX_STATS_N;
-        for (int k = 0; k < FP8MIX_STATS_N; k++)
-            if (k == FP8MIX_STATS_MIN_NONZERO)
-                out[k] = s[k] < out[k] ? s[k] : out[k];
-            else
-                out[k] += s[k];
+    int64_t ns = empty ? 0 : fp8mix_scale_count(gran, rows, cols);
+    if (!bad_as_one && fp8mix_scales_bad(scale_inv, ns)) return FP8MIX_ERR_BAD_SCALE;
+    int64_t per = STATS_ROWS * ceil_div(ceil_div(rows, STATS_ROWS), STATS_MAX_TASKS);
+    int64_t ntasks = empty ? 0 : ceil_div(rows, per);
+    double *part = NULL;
+    float pivot = empty ? 0.0f : first_finite((const uint8_t *)x, xt, rows, cols, ld_x);
+    if (ntasks) {
+        part = (double *)malloc((size_t)ntasks * FP8MIX_STATS_N * sizeof(double));
+        if (!part) return FP8MIX_ERR_NO_MEMORY;
+        stats_job J = {(const uint8_t *)x, xt, dtype_size(xt), rows, cols, ld_x, per, q, ld_q, fmt, gran,
+                       scale_inv, bad_as_one, pivot, stats_kernel(), part};
+        fp8mix_parallel_for(ntasks, fp8mix_workers_for(rows * cols, STATS_GRAIN), stats_task, &J);
     }
+    double r[FP8MIX_STATS_N];
+    combine(part, ntasks, r);
     free(part);
+    scale_summary(scale_inv, ns, r);
+    r[FP8MIX_STATS_PIVOT] = (double)pivot;
+    memcpy(out, r, sizeof r);
     return FP8MIX_OK;
 }

@@ -249,7 +249,19 @@ fp8mix_status fp8mix_dequantize(const uint8_t *q, fp8mix_format fmt,
 
 /* ---- quantisation statistics -------------------------------------------- */
 
-/* Entries of fp8mix_quant_stats' output, in this order. */
+/* The log2 histogram of fp8mix_quant_stats: FP8MIX_STATS_HIST_BINS bins of
+ * one binade each, in FP8 units (|x| / scale_inv, i.e. after scaling).  Bin b
+ * counts the finite non-zero x with
+ *     floor(log2(|x| / scale_inv)) == FP8MIX_STATS_HIST_MIN_LOG2 + b,
+ * computed exactly from the exponent and mantissa bits of |x| and scale_inv
+ * (no rounding of the quotient); bin 0 also holds everything below 2^-46 and
+ * the last bin everything at or above 2^16.  Both formats' ranges lie inside:
+ * E4M3 [2^-9, 448] is bins 38..55, E5M2 [2^-16, 57344] is bins 31..62. */
+#define FP8MIX_STATS_HIST_BINS 64
+#define FP8MIX_STATS_HIST_MIN_LOG2 (-47)
+
+/* Entries of fp8mix_quant_stats' output, in this order.  "Finite x" below
+ * means x neither NaN nor +-inf; q is the FP8 value of x's byte. */
 enum {
     FP8MIX_STATS_NUMEL = 0,       /* elements                                      */
     FP8MIX_STATS_NONZERO = 1,     /* x != 0 (NaN and inf included)                 */
@@ -260,26 +272,68 @@ enum {
                                      |x| > (max + half a step) * scale_inv, i.e.
                                      above 464 (E4M3) or 59392 (E5M2) in FP8 units,
                                      the values a saturating cast clips            */
-    FP8MIX_STATS_SUBNORMAL = 6,   /* FP8 value non-zero and below the min normal   */
+    FP8MIX_STATS_SUBNORMAL = 6,   /* finite x whose FP8 value is non-zero and below
+                                     the min normal                                */
     FP8MIX_STATS_SIGNAL = 7,      /* sum of x^2 over finite x (float64)            */
     FP8MIX_STATS_NOISE = 8,       /* sum of (x - q * scale_inv)^2 over finite x with
                                      finite q (float64); SQNR = 10 log10(signal/noise) */
     FP8MIX_STATS_MIN_NONZERO = 9, /* min |x| over finite non-zero x (+inf if none)   */
-    FP8MIX_STATS_N = 10
+    FP8MIX_STATS_NAN = 10,        /* x NaN (a part of NONFINITE)                   */
+    FP8MIX_STATS_MAX_FINITE = 11, /* max |x| over finite x (0 if none)             */
+    FP8MIX_STATS_PIVOT = 12,      /* c: the first finite x in row-major order (0 if
+                                     none), the centre of the power sums below     */
+    FP8MIX_STATS_SUM1 = 13,       /* sum of (x - c) over finite x (float64)        */
+    FP8MIX_STATS_SUM2 = 14,       /* sum of (x - c)^2                              */
+    FP8MIX_STATS_SUM3 = 15,       /* sum of (x - c)^3                              */
+    FP8MIX_STATS_SUM4 = 16,       /* sum of (x - c)^4: with n = NUMEL - NONFINITE
+                                     the mean (c + SUM1/n), variance and kurtosis
+                                     of the finite x, well conditioned whatever the
+                                     mean, since c is one of the values            */
+    FP8MIX_STATS_BAD_SCALES = 17, /* scale_inv entries not finite and > 0 (only
+                                     with bad_scale_as_one; else the call fails)   */
+    FP8MIX_STATS_SCALE_INV_MIN = 18, /* min of the good scale_inv entries (+inf if none) */
+    FP8MIX_STATS_SCALE_INV_MAX = 19, /* max of the good scale_inv entries (0 if none)    */
+    FP8MIX_STATS_HIST = 20,       /* first of FP8MIX_STATS_HIST_BINS histogram counts */
+    FP8MIX_STATS_N = FP8MIX_STATS_HIST + FP8MIX_STATS_HIST_BINS
 };
+
+/* Options of fp8mix_quant_stats (NULL: all zero). */
+typedef struct fp8mix_stats_opts {
+    int bad_scale_as_one; /* nonzero: a scale_inv entry that is not finite and
+                             > 0 is counted in BAD_SCALES and its tile measured
+                             as if it were 1, instead of failing with BAD_SCALE
+                             (a monitor reports a broken scale, it does not
+                             stop on one) */
+} fp8mix_stats_opts;
 
 /* Statistics of one cast: x (rows x cols of type xt, row stride ld_x) against
  * q, its FP8 bytes in format fmt (row stride ld_q), with the dequantisation
  * factors scale_inv laid out as gran's scale array (finite and > 0, else
- * BAD_SCALE).  Writes out[FP8MIX_STATS_N] (see the enum; counts are exact
- * integers in float64).  Sums are added in a fixed order, so out is the same
- * for every thread count.  Empty input: zeros, MIN_NONZERO = +inf.
+ * BAD_SCALE unless opts->bad_scale_as_one).  Writes out[FP8MIX_STATS_N] (see
+ * the enum; counts are exact integers in float64).  Empty input: zeros,
+ * MIN_NONZERO and SCALE_INV_MIN = +inf.
+ *
+ * Summation order of the float64 sums (SIGNAL, NOISE, SUM1..SUM4), the same
+ * on every ISA and thread count, so out is bit-identical everywhere:
+ *   - the rows are split into tasks of consecutive rows (64, or more when
+ *     rows > 262144: the smallest multiple of 64 giving <= 4096 tasks);
+ *   - within a task, element (i, j) is added to partial p[j mod 16], visiting
+ *     the elements row by row, left to right (p starts at +0; an element that
+ *     does not count adds +0);
+ *   - a task's sum is ((r[0] + r[1]) with r[k] = t[k] + t[k + 2],
+ *     t[k] = u[k] + u[k + 4], u[k] = p[k] + p[k + 8]);
+ *   - the task sums are added in task order, starting from +0.
+ * Terms, in float64 from the float32 values x, c and decoded q, with
+ * t = x - c and e = x - q * scale_inv: x*x (SIGNAL), e*e (NOISE), t, t*t,
+ * (t*t)*t, (t*t)*(t*t) (each operation rounded separately: no fused
+ * multiply-add).
  * Errors: NULL_POINTER, BAD_ENUM, BAD_SHAPE, BAD_SCALE, NO_MEMORY. */
 fp8mix_status fp8mix_quant_stats(const void *x, fp8mix_dtype xt, int64_t rows,
                                  int64_t cols, int64_t ld_x, const uint8_t *q,
                                  int64_t ld_q, fp8mix_format fmt,
                                  fp8mix_granularity gran,
                                  const float *scale_inv,
+                                 const fp8mix_stats_opts *opts,
                                  double out[FP8MIX_STATS_N]);
 
 /* ---- scaled GEMM -------------------------------------------------------- */

@@ -2,46 +2,16 @@
  * fuzz_stats.c — libFuzzer target for fp8mix_quant_stats.
  *
  * Arbitrary shapes, strides, element types, formats, granularities, scales
- * (bad ones too), x drawn from the interesting floats and q from any bytes.
- * Checks: the documented status; on error `out` untouched; on success the
- * counts and min equal a reference written here from the header's
- * definitions, the energies agree to rounding, and the result is the same
- * bits for 1 and 3 threads.
+ * (bad ones too, with and without bad_scale_as_one), x drawn from the
+ * interesting floats and q from any bytes.  Checks: the documented status; on
+ * error `out` untouched; on success every entry (counts, extremes, histogram
+ * and the float64 sums in the header's summation order) equals the
+ * independent reference of tests/c/stats_ref.h bit for bit, and the result is
+ * the same bits for 1 and 3 threads and for the scalar kernel and the best
+ * SIMD variant.
  */
 #include "fuzz_common.h"
-
-FUZZ_NOCOV static void ref_stats(const void *x, int xt, int64_t rows, int64_t cols, int64_t ld_x, const uint8_t *q,
-                                 int64_t ld_q, int fmt, int gran, const float *sinv, double *o)
-{
-    double fmax = fmt == 0 ? 448.0 : 57344.0, bound = fmt == 0 ? 464.0 : 59392.0;
-    double minn = fmt == 0 ? ldexp(1.0, -6) : ldexp(1.0, -14);
-    for (int k = 0; k < FP8MIX_STATS_N; k++) o[k] = 0;
-    o[FP8MIX_STATS_MIN_NONZERO] = INFINITY;
-    size_t es = esize((fp8mix_dtype)xt);
-    for (int64_t i = 0; i < rows; i++)
-        for (int64_t j = 0; j < cols; j++) {
-            double v = ref_load((const uint8_t *)x + (size_t)(i * ld_x) * es, (fp8mix_dtype)xt, j);
-            double d = ref_fp8_decode(q[i * ld_q + j], (fp8mix_format)fmt);
-            double s = sinv[ref_scale_index(gran, i, j, cols)];
-            o[FP8MIX_STATS_NUMEL] += 1;
-            if (v != 0) o[FP8MIX_STATS_NONZERO] += 1;
-            if (!isfinite(v)) { o[FP8MIX_STATS_NONFINITE] += 1; continue; }
-            if (v != 0 && fabs(v) < o[FP8MIX_STATS_MIN_NONZERO]) o[FP8MIX_STATS_MIN_NONZERO] = fabs(v);
-            if (v != 0 && d == 0) o[FP8MIX_STATS_UNDERFLOW] += 1;
-            if (fabs(d) == fmax) o[FP8MIX_STATS_SATURATED] += 1;
-            if (fabs(v) > bound * s) o[FP8MIX_STATS_OVERFLOW] += 1;
-            if (d != 0 && fabs(d) < minn) o[FP8MIX_STATS_SUBNORMAL] += 1;
-            o[FP8MIX_STATS_SIGNAL] += v * v;
-            if (isfinite(d)) o[FP8MIX_STATS_NOISE] += (v - d * s) * (v - d * s);
-        }
-}
-
-static int close_rel(double a, double b)
-{
-    if (a == b) return 1;
-    if (isinf(a) || isinf(b) || isnan(a) || isnan(b)) return 0;
-    return fabs(a - b) <= 1e-9 * fmax(fabs(a), fabs(b));
-}
+#include "../c/stats_ref.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -63,6 +33,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     int x_null = (k3 & 15) == 15, q_null = (k3 & 0xF0) == 0xF0, s_null = (fz_u8(&f) & 31) == 31;
     int out_null = (fz_u8(&f) & 63) == 63;
     int bad_ok = (fz_u8(&f) & 7) == 7;
+    int as_one = bad_ok && fz_bool(&f); /* bad_scale_as_one: bad scales are counted, not refused */
+    fp8mix_stats_opts opts = {as_one};
 
     int64_t n = gran_valid(gran) ? ref_scale_count(gran, rows, cols) : 1;
     float *sinv = (!s_null && n > 0) ? (float *)xmalloc((size_t)n * 4, 0) : NULL;
@@ -86,7 +58,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (!nonempty && (x_null || q_null || !sinv)) exp_may(&e, FP8MIX_ERR_NULL_POINTER);
     int bad = 0;
     for (int64_t t = 0; sinv && t < n; t++) bad |= !scale_ok(sinv[t]);
-    if (bad) {
+    if (bad && !as_one) {
         if (nonempty) exp_must(&e, FP8MIX_ERR_BAD_SCALE);
         else exp_may(&e, FP8MIX_ERR_BAD_SCALE);
     }
@@ -95,22 +67,28 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (int t = 0; t < FP8MIX_STATS_N; t++) out1[t] = out3[t] = -7.0;
     fp8mix_set_num_threads(1);
     fp8mix_status st = fp8mix_quant_stats(x, (fp8mix_dtype)xt, rows, cols, ld_x, q, ld_q, (fp8mix_format)fmt,
-                                          (fp8mix_granularity)gran, sinv, out_null ? NULL : out1);
+                                          (fp8mix_granularity)gran, sinv, &opts, out_null ? NULL : out1);
     exp_check(&e, st, "quant_stats");
+    if (st != FP8MIX_OK)
+        for (int t = 0; !out_null && t < FP8MIX_STATS_N; t++) FUZZ_CHECK(out1[t] == -7.0, "error wrote out[%d]", t);
     if (st == FP8MIX_OK) {
         fp8mix_set_num_threads(3);
         fp8mix_status st3 = fp8mix_quant_stats(x, (fp8mix_dtype)xt, rows, cols, ld_x, q, ld_q, (fp8mix_format)fmt,
-                                               (fp8mix_granularity)gran, sinv, out3);
+                                               (fp8mix_granularity)gran, sinv, &opts, out3);
         FUZZ_CHECK(st3 == FP8MIX_OK, "3 threads: status %d", (int)st3);
         FUZZ_CHECK(memcmp(out1, out3, sizeof out1) == 0, "result depends on the thread count");
+        fp8mix_isa best = fp8mix_active_isa();
+        fp8mix_set_max_isa(FP8MIX_ISA_SCALAR);
+        st3 = fp8mix_quant_stats(x, (fp8mix_dtype)xt, rows, cols, ld_x, q, ld_q, (fp8mix_format)fmt,
+                                 (fp8mix_granularity)gran, sinv, &opts, out3);
+        fp8mix_set_max_isa(best);
+        FUZZ_CHECK(st3 == FP8MIX_OK && memcmp(out1, out3, sizeof out1) == 0,
+                   "the %s kernel differs from the scalar one", fp8mix_isa_name(best));
         if (nonempty) {
-            ref_stats(x, xt, rows, cols, ld_x, q, ld_q, fmt, gran, sinv, ref);
-            for (int t = 0; t < FP8MIX_STATS_N; t++) {
-                if (t == FP8MIX_STATS_SIGNAL || t == FP8MIX_STATS_NOISE)
-                    FUZZ_CHECK(close_rel(out1[t], ref[t]), "entry %d: %.17g vs reference %.17g", t, out1[t], ref[t]);
-                else
-                    FUZZ_CHECK(out1[t] == ref[t], "entry %d: %.17g vs reference %.17g", t, out1[t], ref[t]);
-            }
+            sref_stats(x, xt, rows, cols, ld_x, q, ld_q, fmt, gran, sinv, as_one, ref);
+            for (int t = 0; t < FP8MIX_STATS_N; t++)
+                FUZZ_CHECK(memcmp(&out1[t], &ref[t], sizeof(double)) == 0, "entry %d: %.17g vs reference %.17g", t,
+                           out1[t], ref[t]);
         } else {
             FUZZ_CHECK(out1[FP8MIX_STATS_NUMEL] == 0 && isinf(out1[FP8MIX_STATS_MIN_NONZERO]), "empty input");
         }
