@@ -622,8 +622,9 @@ def train_one(name, base, cfg, data, device, progress=True, *, ckpt: Checkpointi
     loss_log: per-step losses (earlier: the runs already in the log before this one);
     monitor: ``monitor(step, train_curve) -> str | None`` after each step (train_curve
     includes restored steps); a string stops the run as diverged, with that reason."""
-    import fp8mix
     from tqdm import tqdm
+
+    import fp8mix
 
     train, val, train_starts, val_starts = data
     t_run = time.perf_counter()

@@ -9,7 +9,6 @@ nothing and keeps no per-layer state; the FP8 scales of the layers are theirs.
 from __future__ import annotations
 
 import math
-import weakref
 from collections import defaultdict
 from enum import Enum
 from typing import Optional
@@ -263,9 +262,8 @@ class FP8GradScaler:
     def __enter__(self) -> "FP8GradScaler":
         return self
 
-    def __exit__(self, *exc) -> bool:
+    def __exit__(self, *exc) -> None:
         self.close()
-        return False
 
     # ---- scale ----------------------------------------------------------------------
     def _lazy_init(self, dev: torch.device) -> None:
@@ -310,7 +308,7 @@ class FP8GradScaler:
 
     # ---- unscale / step -------------------------------------------------------------
     def _unscale_grads_(self, optimizer, inv_scale: torch.Tensor, allow_fp16: bool) -> dict:
-        per_device = defaultdict(lambda: defaultdict(list))
+        per_device: dict = defaultdict(lambda: defaultdict(list))
         with torch.no_grad():
             for group in optimizer.param_groups:
                 for p in group["params"]:
@@ -362,7 +360,8 @@ class FP8GradScaler:
         if stats is not None and stats["nonfinite"] > 0:
             if not any(bool(v.item()) for v in found.values()):
                 self._hidden_inf = True  # the skip is the FP8 counts' doing
-            dev = self._scale.device
+            scale, _ = self._require_init("step")
+            dev = scale.device
             found = dict(found)
             found[dev] = torch.ones((), dtype=torch.float32, device=dev)
         return found
@@ -386,14 +385,15 @@ class FP8GradScaler:
             found_inf = sum(t.to(scale.device) for t in state["found_inf_per_device"].values())
             if not torch.is_tensor(found_inf):
                 found_inf = torch.zeros((), dtype=torch.float32, device=scale.device)
-            optimizer.grad_scale = (getattr(optimizer, "grad_scale", None) if state["stage"] is _Stage.UNSCALED
-                                    else scale * getattr(optimizer, "grad_scale", 1))
-            optimizer.found_inf = found_inf
+            grad_scale = (getattr(optimizer, "grad_scale", None) if state["stage"] is _Stage.UNSCALED
+                          else scale * getattr(optimizer, "grad_scale", 1))
+            optimizer.grad_scale = grad_scale  # type: ignore[attr-defined]
+            optimizer.found_inf = found_inf  # type: ignore[attr-defined]
             try:
                 ret = optimizer.step(*args, **kwargs)
             finally:
-                del optimizer.grad_scale
-                del optimizer.found_inf
+                del optimizer.grad_scale  # type: ignore[attr-defined]
+                del optimizer.found_inf  # type: ignore[attr-defined]
             state["stage"] = _Stage.STEPPED
             return ret
         if state["stage"] is _Stage.READY:
@@ -565,7 +565,7 @@ class FP8GradScaler:
         gi = _check_growth_interval(int(state_dict["growth_interval"]))
         self._init_scale, self._growth_factor, self._backoff_factor, self._growth_interval = sc, gf, bf, gi
         self._init_growth_tracker = int(state_dict["_growth_tracker"])
-        if self._scale is not None:
+        if self._scale is not None and self._growth_tracker is not None:
             self._scale.fill_(sc)
             self._growth_tracker.fill_(self._init_growth_tracker)
         if "fp8_feedback" in state_dict:

@@ -75,7 +75,7 @@ class GradStats:
         with self._lock:
             c, self._counts = self._counts, None
             mo, self._max_overflow = self._max_overflow, None
-        if c is None:
+        if c is None or mo is None:
             return None
         vals = torch.cat([c.cpu(), mo.reshape(1).cpu()]).tolist()
         d = dict(zip(FIELDS, vals[:_N]))

@@ -325,6 +325,7 @@ def print_report(entries: list, out=None) -> None:
 def run(args: argparse.Namespace) -> int:
     """Entry point of `python -m fp8mix inspect` (args from fp8mix.cli)."""
     import fp8mix
+
     from .demo import pick_device
 
     if args.steps < 1:

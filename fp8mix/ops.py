@@ -14,7 +14,7 @@ from typing import Optional
 
 import torch
 
-from . import _C  # noqa: F401  (loading it registers torch.ops.fp8mix)
+from . import _C  # type: ignore[attr-defined]  # noqa: F401  (loading it registers torch.ops.fp8mix)
 from .formats import Granularity
 
 _ops = torch.ops.fp8mix

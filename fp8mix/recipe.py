@@ -98,7 +98,7 @@ class _Recipe:
     """What every recipe answers for the modules (no isinstance ladders there)."""
 
     fp8_format: Format
-    rounding: types.MappingProxyType
+    rounding: Union[str, dict, types.MappingProxyType]  # a read-only mapping role -> mode once checked
     auto: AutoFormat
     margin: int
     power_2_scale: bool
@@ -126,10 +126,12 @@ class _Recipe:
 
     def rounding_of(self, role: str) -> str:
         """``"nearest"`` or ``"stochastic"`` for `role`."""
+        assert isinstance(self.rounding, types.MappingProxyType)  # normalised by __post_init__
         return self.rounding[role]
 
     def stochastic(self) -> bool:
         """Whether any role rounds stochastically."""
+        assert isinstance(self.rounding, types.MappingProxyType)
         return any(v == "stochastic" for v in self.rounding.values())
 
     def __hash__(self) -> int:  # rounding is a read-only mapping: hash its items

@@ -53,7 +53,7 @@ class Plan:
         self.g_slot = None              # delayed, recording: the pending slot backward fills
         self.grad_fresh = False         # Python mirror of g_plan[1] (distributed path only)
         self.rng = None                 # stochastic rounding: [key, offset] at the forward
-        self.skips = {}                 # role -> offset of its words from rng's offset
+        self.skips: dict = {}           # role -> offset of its words from rng's offset
         self.monitor = None             # a Monitor sampling this step (eager)
         self.name = ""
         self.auto_use = -1              # Format.AUTO: the grad_output use backward evaluates
@@ -173,8 +173,9 @@ def forward_casts(m, x2: torch.Tensor, w: torch.Tensor, plan: Plan, replay, is_f
                                                transpose=plan.tn)
             x_save = q2t if plan.tn else q2
     elif recipe.delayed():
-        xq, xqt, plan.x_scales = _delayed(m, x2, _IN, plan, replay, transpose=want_xt)
-        x_sinv = plan.x_scales[1]
+        xq, xqt, x_scales = _delayed(m, x2, _IN, plan, replay, transpose=want_xt)
+        plan.x_scales = x_scales
+        x_sinv = x_scales[1]
         x_save, x_save_sinv = (xqt, x_sinv) if want_xt else (None, None)
     else:
         xq, xqt, x_sinv, _ = _current(x2, plan.fmts[_IN], recipe, _TENSOR, plan.group, transpose=want_xt,
@@ -208,8 +209,9 @@ def _weight(m, w: torch.Tensor, plan: Plan, replay, is_first_microbatch):
         return plan.w_cached
     recipe = plan.recipe
     if recipe.delayed():
-        wq, wqt, plan.w_scales = _delayed(m, w, _W, plan, replay, transpose=plan.tn)
-        w_sinv = plan.w_scales[1]
+        wq, wqt, w_scales = _delayed(m, w, _W, plan, replay, transpose=plan.tn)
+        plan.w_scales = w_scales
+        w_sinv = w_scales[1]
     else:
         wq, wqt, w_sinv, _ = _current(w, plan.fmts[_W], recipe, recipe.granularity("weight"), plan.group,
                                       sr=_sr(plan, _W), transpose=plan.tn)

@@ -140,52 +140,60 @@ def fp8_forward(m, x: torch.Tensor, weight: torch.Tensor, bias, *, layout: str, 
             return hp_forward(x)
         if not frame.enabled:  # calibrating=True, enabled=False
             return _calibrate(m, x, weight, frame, hp_forward, in_features, out_features)
-        recipe = frame.recipe
-    else:
-        recipe = replay.recipe
     _check_input(m, x, in_features)
     note_module_ran()
     if _small_or_empty(m, x, in_features, out_features):
         return hp_forward(x)
-    eager = not torch.compiler.is_compiling()
-    wants_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
-    weight_cast = is_first_microbatch is not False
-    record = replay is None and ((torch.is_grad_enabled() and m.training) or frame.calibrating)
-    if replay is None and not record:
-        m._nograd_frame = frame  # for a reentrant checkpoint's recompute of this forward
-    elif record and not recompute:
-        m._nograd_frame = None
     x2 = x.reshape(-1, in_features)
-    group = replay.group if replay is not None else reduce_group(frame.group)
-    auto_use = -1
-    if replay is None and recipe.fp8_format is Format.AUTO and eager and record:
-        auto_use = auto_forward(m, x2.detach(), weight.detach(), recipe, frame.monitor, wants_grad, weight_cast)
-    fmts = list(replay.fmts) if replay is not None else [m._fmt(recipe, r) for r in range(3)]
-    plan = Plan(recipe, group, hp_out_dtype(x, weight.dtype), fmts, record, layout)
-    plan.module, plan.auto_use = m, auto_use
-    plan.tn = x.device.type == "cuda" or _casts.TN_ON_CPU
-    if replay is not None:
-        plan.rng, plan.skips = replay.rng, replay.skips
-        plan.g_plan, plan.g_slot, plan.grad_fresh = replay.g_plan, replay.g_slot, replay.grad_fresh
-    else:
-        _plan_rounding(m, plan, x2.shape[0], in_features, out_features, weight_cast, wants_grad)
-        if recipe.delayed():
-            m._ensure_history(recipe.amax_history_len)
-            _grad_plan(m, plan, wants_grad)
-    monitor = frame.monitor if replay is None else None
-    if monitor is not None and eager and record and monitor.sampling:
-        plan.monitor, plan.name = monitor, m._fp8_label()
+    wants_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+    plan = _make_plan(m, x2, weight, frame, replay, recompute, layout, is_first_microbatch, wants_grad,
+                      hp_out_dtype(x, weight.dtype))
     with torch.no_grad():
         xq, x_sinv, x_save, x_save_sinv, wq, wqt, w_sinv = forward_casts(m, x2.detach(), weight.detach(), plan,
                                                                          replay, is_first_microbatch)
         if plan.monitor is not None:
-            monitor_forward(m, plan, x2.detach(), xq, x_sinv, wq, w_sinv, weight_cast)
-    if record and wants_grad and not recompute and under_saved_tensor_hooks():
+            monitor_forward(m, plan, x2.detach(), xq, x_sinv, wq, w_sinv, is_first_microbatch is not False)
+    if plan.record and wants_grad and not recompute and under_saved_tensor_hooks():
         m._replay.push(plan)  # a checkpoint may recompute this forward: it will repeat this plan
-    pending = m.fp8_grad_pending if (record and recipe.delayed()) else None
+    pending = m.fp8_grad_pending if (plan.record and plan.recipe.delayed()) else None
     y2 = FP8LinearFunction.apply(x2, weight, bias, xq, x_sinv, x_save, x_save_sinv, wq, wqt, w_sinv, plan.g_plan,
                                  plan.g_slot, pending, plan.rng, plan)
     return y2.reshape(*x.shape[:-1], out_features)
+
+
+def _make_plan(m, x2, weight, frame, replay, recompute: bool, layout: str, is_first_microbatch, wants_grad: bool,
+               out_dtype) -> Plan:
+    """This call's decisions: a replay's, or the recipe's with the module's FP8 state (a
+    training forward records; anything else only reads)."""
+    eager = not torch.compiler.is_compiling()
+    weight_cast = is_first_microbatch is not False
+    if replay is not None:
+        recipe, group, monitor, record = replay.recipe, replay.group, None, False
+    else:
+        recipe, group, monitor = frame.recipe, reduce_group(frame.group), frame.monitor
+        record = (torch.is_grad_enabled() and m.training) or frame.calibrating
+        if not record:
+            m._nograd_frame = frame  # for a reentrant checkpoint's recompute of this forward
+        elif not recompute:
+            m._nograd_frame = None
+    auto_use = -1
+    if replay is None and recipe.fp8_format is Format.AUTO and eager and record:
+        auto_use = auto_forward(m, x2.detach(), weight.detach(), recipe, monitor, wants_grad, weight_cast)
+    fmts = list(replay.fmts) if replay is not None else [m._fmt(recipe, r) for r in range(3)]
+    plan = Plan(recipe, group, out_dtype, fmts, record, layout)
+    plan.module, plan.auto_use = m, auto_use
+    plan.tn = x2.device.type == "cuda" or _casts.TN_ON_CPU
+    if replay is not None:
+        plan.rng, plan.skips = replay.rng, replay.skips
+        plan.g_plan, plan.g_slot, plan.grad_fresh = replay.g_plan, replay.g_slot, replay.grad_fresh
+    else:
+        _plan_rounding(m, plan, x2.shape[0], x2.shape[1], weight.numel() // x2.shape[1], weight_cast, wants_grad)
+        if recipe.delayed():
+            m._ensure_history(recipe.amax_history_len)
+            _grad_plan(m, plan, wants_grad)
+    if monitor is not None and eager and record and monitor.sampling:
+        plan.monitor, plan.name = monitor, m._fp8_label()
+    return plan
 
 
 def _calibrate(m, x, weight, frame, hp_forward, in_features: int, out_features: int):

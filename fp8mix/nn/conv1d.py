@@ -23,6 +23,9 @@ class Conv1DForward:
     """The forward of a Conv1D-shaped FP8 module (weight (in, out), bias (out), nf = out)."""
 
     fp8_min_features = 16
+    weight: torch.Tensor
+    bias: torch.Tensor
+    nf: int
 
     @property
     def in_features(self) -> int:

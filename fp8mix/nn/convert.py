@@ -60,12 +60,14 @@ class ConversionReport(list):
 
 
 def _convert_one(m: nn.Module) -> None:
-    device = m.weight.device
-    m._fp8_orig_class = type(m)
+    weight = m.weight
+    assert isinstance(weight, torch.Tensor)
+    m.__dict__["_fp8_orig_class"] = type(m)
     m.__class__ = Conv1D if _is_hf_conv1d(m) else Linear
     if isinstance(m, Conv1D) and not hasattr(m, "nx"):
-        m.nx = int(m.weight.shape[0])
-    m._init_fp8_state(device)
+        m.nx = int(weight.shape[0])
+    assert isinstance(m, FP8StateMixin)
+    m._init_fp8_state(weight.device)
 
 
 def convert_model(model: nn.Module, *, module_filter_fn: Optional[Callable[[nn.Module, str], bool]] = None,

@@ -36,6 +36,8 @@ from __future__ import annotations
 
 import itertools
 import logging
+from typing import TYPE_CHECKING
+
 import torch
 
 from .. import auto_format
@@ -71,12 +73,25 @@ def _auto_initial(roles: int) -> list:
     return [auto_format.initial_state(role_format(Format.HYBRID, ROLES[r % 3])) for r in range(roles)]
 
 
-class FP8StateMixin:
+if TYPE_CHECKING:  # the mixin sits before an nn.Module in every fp8mix module's bases
+    _Module = torch.nn.Module
+else:
+    _Module = object
+
+
+class FP8StateMixin(_Module):
     """Buffers, resets, dtype/device moves, checkpoint loading and the Python-side
     companions (weight cache, replay plans, Format.AUTO mirrors) of a module's FP8 state.
     Put it before the torch module class: ``class Linear(FP8StateMixin, nn.Linear)``."""
 
     fp8_roles = 3
+    fp8_amax_history: torch.Tensor
+    fp8_scale: torch.Tensor
+    fp8_steps: torch.Tensor
+    fp8_grad_pending: torch.Tensor
+    fp8_grad_slot: torch.Tensor
+    fp8_rng: torch.Tensor
+    fp8_auto: torch.Tensor
 
     # ---- construction ------------------------------------------------------------------
     def _init_fp8_state(self, device=None) -> None:

@@ -19,6 +19,8 @@ weight (and, under FSDP2, make ranks disagree on collectives).
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -34,6 +36,10 @@ class LinearForward:
     """The forward of an nn.Linear-shaped FP8 module (weight (out, in), bias (out))."""
 
     fp8_min_features = 16
+    weight: torch.Tensor
+    bias: Any  # a Tensor or None, as nn.Linear declares it
+    in_features: int
+    out_features: int
 
     def forward(self, x: torch.Tensor, is_first_microbatch=None) -> torch.Tensor:
         """y = x W^T + b; in FP8 inside fp8_autocast.
