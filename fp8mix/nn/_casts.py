@@ -34,11 +34,11 @@ _TENSOR, _BLOCK, _BLOCK2D = Granularity.TENSOR, Granularity.BLOCK, Granularity.B
 class Plan:
     """What one forward call decided, for its backward (and its checkpoint recompute)."""
 
-    __slots__ = ("recipe", "group", "out_dtype", "fmts", "record", "layout", "tn", "x_scales", "w_scales", "w_cached",
+    __slots__ = ("recipe", "group", "out_dtype", "fmts", "record", "layout", "tn", "gemm", "x_scales", "w_scales", "w_cached",
                  "g_plan", "g_slot", "grad_fresh", "rng", "skips", "monitor", "name", "auto_use", "module",
                  "region", "replayed_by", "backward_done", "__weakref__")
 
-    def __init__(self, recipe, group, out_dtype, fmts, record: bool, layout: str):
+    def __init__(self, recipe, group, out_dtype, fmts, record: bool, layout: str, gemm: int = 0):
         self.recipe = recipe
         self.group = group              # process group amaxes are all-reduced over, or None
         self.out_dtype = out_dtype
@@ -46,6 +46,7 @@ class Plan:
         self.record = record            # a training forward: records amaxes, its backward too
         self.layout = layout            # "out_in" (Linear) or "in_out" (Conv1D)
         self.tn = False                 # operands as FP8 tensor cores read them: every B K-contiguous
+        self.gemm = gemm                # which of the module's GEMMs: its state roles are 3*gemm + 0, 1, 2
         self.x_scales = None            # delayed: [scale, scale_inv] the input cast used
         self.w_scales = None            # delayed: ... the weight cast used
         self.w_cached = None            # (wq, w_sinv) reused from is_first_microbatch=True
@@ -59,6 +60,10 @@ class Plan:
         self.auto_use = -1              # Format.AUTO: the grad_output use backward evaluates
         self.module = None              # the module (AUTO votes and observers in backward)
         self.backward_done = False
+
+    def role(self, local: int) -> int:
+        """The module-state index of this GEMM's role `local` (0 input, 1 weight, 2 grad_output)."""
+        return 3 * self.gemm + local
 
 
 def delayed_spec(recipe) -> DelayedSpec:
@@ -107,7 +112,7 @@ def _delayed(m, t2, role: int, plan: Plan, replay, *, transpose=False):
     state = (m.fp8_amax_history, m.fp8_scale, m.fp8_steps)
     if callable(recipe.amax_compute_algo) or plan.group is not None:
         return _delayed_composed(m, t2, role, plan, spec, transpose)
-    q, qt, scales, _ = ops.delayed_cast(t2, *state, role=role, fp8_dtype=fp8_dtype(fmt), spec=spec,
+    q, qt, scales, _ = ops.delayed_cast(t2, *state, role=plan.role(role), fp8_dtype=fp8_dtype(fmt), spec=spec,
                                         record=plan.record, transpose=transpose, inf_to_nan=True, **sr)
     return q, qt, scales
 
@@ -118,6 +123,7 @@ def _delayed_composed(m, t2, role: int, plan: Plan, spec: DelayedSpec, transpose
     fmt, sr, group, recipe = plan.fmts[role], _sr(plan, role), plan.group, plan.recipe
     state = (m.fp8_amax_history, m.fp8_scale, m.fp8_steps)
     fresh = None
+    role = plan.role(role)  # from here on: the module-state index
     if m._maybe_fresh[role] and group is not None:  # a first use scales from the all-reduced amax
         fresh = ops.amax(t2)
         all_reduce_max(fresh, group)
@@ -200,12 +206,13 @@ def _weight(m, w: torch.Tensor, plan: Plan, replay, is_first_microbatch):
         return replay.w_cached
     if is_first_microbatch is False:
         key = _weight_key(m, w, plan)
-        if m._wcache is None or m._wcache[0] != key:
+        cached = m._wcache[plan.gemm]
+        if cached is None or cached[0] != key:
             raise RuntimeError(f"fp8mix.{type(m).__name__}: is_first_microbatch=False but no FP8 weight was cached "
                                "by an is_first_microbatch=True call under this recipe (cast format, margin, "
                                "rounding and weight shape must match)")
-        plan.w_cached = m._wcache[1:]
-        plan.fmts[_W] = m._wcache[0][1]
+        plan.w_cached = cached[1:]
+        plan.fmts[_W] = cached[0][1]
         return plan.w_cached
     recipe = plan.recipe
     if recipe.delayed():
@@ -217,11 +224,11 @@ def _weight(m, w: torch.Tensor, plan: Plan, replay, is_first_microbatch):
                                       sr=_sr(plan, _W), transpose=plan.tn)
     wqt = wqt if plan.tn else None
     if is_first_microbatch:
-        m._wcache = (_weight_key(m, w, plan), wq, wqt, w_sinv)
+        m._wcache[plan.gemm] = (_weight_key(m, w, plan), wq, wqt, w_sinv)
     return wq, wqt, w_sinv
 
 
-def grad_casts(m, dy2: torch.Tensor, plan: Plan, g_plan, g_slot, rng, want_db: bool):
+def grad_casts(m, dy2: torch.Tensor, plan: Plan, g_plan, g_slot, rng, want_db: bool, pending=None):
     """grad_output casts: (gq for dgrad, g_sinv, wgrad operand from dy, its scale_inv,
     bias gradient in float32 or None, granularity of gq)."""
     recipe, fmt = plan.recipe, plan.fmts[_G]
@@ -238,8 +245,8 @@ def grad_casts(m, dy2: torch.Tensor, plan: Plan, g_plan, g_slot, rng, want_db: b
         db = dy2.sum(0, dtype=torch.float32) if want_db else None
         return gq, g_sinv, gw, gw_sinv, db, _BLOCK
     if plan.group is not None:  # every rank the same scale, and the same amax left pending
-        return _grad_casts_distributed(m, dy2, plan, g_plan, g_slot, sr, want_db)
-    pending = m.fp8_grad_pending if (plan.record and recipe.delayed()) else None
+        return _grad_casts_distributed(m, dy2, plan, g_plan, g_slot, sr, want_db, pending)
+    pending = pending[plan.gemm] if (pending is not None and plan.record and recipe.delayed()) else None
     gq, gqt, g_sinv, _, db = ops.grad_cast(
         dy2, fp8_dtype(fmt), plan=g_plan if recipe.delayed() else None, pending=pending,
         slot=g_slot if pending is not None else None, margin=recipe.margin, power_2_scale=recipe.power_2_scale,
@@ -256,7 +263,7 @@ def _wgrad_dy(gq, gqt, plan: Plan):
     return gqt.t() if plan.tn else gq
 
 
-def _grad_casts_distributed(m, dy2, plan: Plan, g_plan, g_slot, sr: dict, want_db: bool):
+def _grad_casts_distributed(m, dy2, plan: Plan, g_plan, g_slot, sr: dict, want_db: bool, pending):
     """grad_casts from parts, with the amax all-reduced over the ranks: for current
     scaling (and a role's first use) before the cast, for delayed scaling after it, so that
     the pending amax (what the next forward records) is the same on every rank."""
@@ -269,16 +276,15 @@ def _grad_casts_distributed(m, dy2, plan: Plan, g_plan, g_slot, sr: dict, want_d
                                **sr)
         all_reduce_max(am, plan.group)
         g_sinv = torch.reciprocal(g_plan[0])
-    if plan.record and recipe.delayed():
-        _keep_pending(m, am, g_slot)
-        m._maybe_fresh[_G] = False
+    if plan.record and recipe.delayed() and pending is not None:
+        _keep_pending(pending[plan.gemm], am, g_slot)
+        m._maybe_fresh[plan.role(_G)] = False
     db = dy2.sum(0, dtype=torch.float32) if want_db else None
     return gq, g_sinv, _wgrad_dy(gq, gqt, plan), g_sinv, db, _TENSOR
 
 
-def _keep_pending(m, am: torch.Tensor, slot: torch.Tensor) -> None:
+def _keep_pending(pending: torch.Tensor, am: torch.Tensor, slot: torch.Tensor) -> None:
     """pending[slot] = max(pending[slot], amax or 0 when not finite): the composed form of
     grad_cast's pending update (distributed path)."""
     v = torch.where(torch.isfinite(am), am, torch.zeros_like(am)).reshape(())
-    cur = m.fp8_grad_pending[slot]
-    m.fp8_grad_pending[slot] = torch.maximum(cur, v)
+    pending[slot] = torch.maximum(pending[slot], v)

@@ -10,6 +10,7 @@ cast, and call the autograd function.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import torch
@@ -43,6 +44,14 @@ def reduce_group(group):
     if group is None:
         group = torch.distributed.group.WORLD
     return group if torch.distributed.get_world_size(group) > 1 else None
+
+
+def frame_for(m, frame):
+    """The autocast frame as this module sees it: its own recipe (m.fp8_recipe), or FP8 off
+    (m.fp8_enabled False), as a precision plan decided."""
+    if not m.fp8_enabled:
+        return dataclasses.replace(frame, enabled=False, calibrating=False)
+    return dataclasses.replace(frame, recipe=m.fp8_recipe)
 
 
 def _check_input(m, x: torch.Tensor, in_features: int) -> None:
@@ -101,45 +110,49 @@ def _plan_rounding(m, plan: Plan, rows: int, in_f: int, out_f: int, weight_cast:
 def _grad_plan(m, plan: Plan, wants_grad: bool) -> None:
     """Delayed scaling: record the grad_output amaxes earlier backwards left (training
     forwards only), and take the scale and slot this call's backward uses."""
-    recipe = plan.recipe
+    recipe, g = plan.recipe, plan.gemm
     fmt = fp8_dtype(plan.fmts[2])
     if callable(recipe.amax_compute_algo) and plan.record:
-        _flush_python_algo(m, recipe, plan.fmts[2])
+        _flush_python_algo(m, recipe, plan.fmts[2], g)
     plan.g_plan, plan.g_slot = ops.delayed_flush(
-        m.fp8_amax_history, m.fp8_scale, m.fp8_steps, m.fp8_grad_pending, m.fp8_grad_slot, role=2, fp8_dtype=fmt,
-        spec=delayed_spec(recipe), record=plan.record, reserve=plan.record and wants_grad)
-    plan.grad_fresh = m._maybe_fresh[2]
+        m.fp8_amax_history, m.fp8_scale, m.fp8_steps, m.fp8_grad_pending[g], m.fp8_grad_slot[g],
+        role=plan.role(2), fp8_dtype=fmt, spec=delayed_spec(recipe), record=plan.record,
+        reserve=plan.record and wants_grad)
+    plan.grad_fresh = m._maybe_fresh[plan.role(2)]
 
 
-def _flush_python_algo(m, recipe, fmt) -> None:
+def _flush_python_algo(m, recipe, fmt, g: int) -> None:
     """The flush of a callable amax_compute_algo: each pending amax recorded in ring order
     with the callable's scale rule (eager; host reads of the ring)."""
     spec = delayed_spec(recipe)
-    slots = m.fp8_grad_pending.numel()
-    head = int(m.fp8_grad_slot)
+    pending, role = m.fp8_grad_pending[g], 3 * g + 2
+    slots = pending.numel()
+    head = int(m.fp8_grad_slot[g])
     for t in range(slots):
         k = (head + t) % slots
-        if float(m.fp8_grad_pending[k]) >= 0:
-            before = m.fp8_scale[2:3].clone()
-            ops.delayed_record(m.fp8_amax_history, m.fp8_scale, m.fp8_steps, m.fp8_grad_pending[k:k + 1].clone(),
-                               role=2, fp8_dtype=fp8_dtype(fmt), spec=spec)
-            python_algo_scale(m, 2, recipe, fmt, before)
-            m.fp8_grad_pending[k] = -1.0
+        if float(pending[k]) >= 0:
+            before = m.fp8_scale[role:role + 1].clone()
+            ops.delayed_record(m.fp8_amax_history, m.fp8_scale, m.fp8_steps, pending[k:k + 1].clone(),
+                               role=role, fp8_dtype=fp8_dtype(fmt), spec=spec)
+            python_algo_scale(m, role, recipe, fmt, before)
+            pending[k] = -1.0
 
 
 def fp8_forward(m, x: torch.Tensor, weight: torch.Tensor, bias, *, layout: str, in_features: int,
-                out_features: int, is_first_microbatch, hp_forward):
-    """The module's forward under fp8_autocast (hp_forward(x): its high-precision forward)."""
+                out_features: int, is_first_microbatch, hp_forward, gemm: int = 0):
+    """GEMM `gemm` of the module under fp8_autocast (hp_forward(x): its high-precision forward)."""
     recompute = in_recompute() and torch.is_grad_enabled()
-    replay = m._replay.take() if recompute else None
+    replay = m._replay[gemm].take() if recompute else None
     frame = current_frame()
+    if replay is None and frame is not None and (not m.fp8_enabled or m.fp8_recipe is not None):
+        frame = frame_for(m, frame)
     if replay is None:
         if frame is None and recompute and m._nograd_frame is not None:
             frame = m._nograd_frame  # a reentrant recompute outside fp8_autocast: its forward's context
         if frame is None or not (frame.enabled or frame.calibrating):
             return hp_forward(x)
         if not frame.enabled:  # calibrating=True, enabled=False
-            return _calibrate(m, x, weight, frame, hp_forward, in_features, out_features)
+            return _calibrate(m, x, weight, frame, hp_forward, in_features, out_features, gemm)
     _check_input(m, x, in_features)
     note_module_ran()
     if _small_or_empty(m, x, in_features, out_features):
@@ -147,14 +160,14 @@ def fp8_forward(m, x: torch.Tensor, weight: torch.Tensor, bias, *, layout: str, 
     x2 = x.reshape(-1, in_features)
     wants_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
     plan = _make_plan(m, x2, weight, frame, replay, recompute, layout, is_first_microbatch, wants_grad,
-                      hp_out_dtype(x, weight.dtype))
+                      hp_out_dtype(x, weight.dtype), gemm)
     with torch.no_grad():
         xq, x_sinv, x_save, x_save_sinv, wq, wqt, w_sinv = forward_casts(m, x2.detach(), weight.detach(), plan,
                                                                          replay, is_first_microbatch)
         if plan.monitor is not None:
             monitor_forward(m, plan, x2.detach(), xq, x_sinv, wq, w_sinv, is_first_microbatch is not False)
     if plan.record and wants_grad and not recompute and under_saved_tensor_hooks():
-        m._replay.push(plan)  # a checkpoint may recompute this forward: it will repeat this plan
+        m._replay[gemm].push(plan)  # a checkpoint may recompute this forward: it will repeat this plan
     pending = m.fp8_grad_pending if (plan.record and plan.recipe.delayed()) else None
     y2 = FP8LinearFunction.apply(x2, weight, bias, xq, x_sinv, x_save, x_save_sinv, wq, wqt, w_sinv, plan.g_plan,
                                  plan.g_slot, pending, plan.rng, plan)
@@ -162,7 +175,7 @@ def fp8_forward(m, x: torch.Tensor, weight: torch.Tensor, bias, *, layout: str, 
 
 
 def _make_plan(m, x2, weight, frame, replay, recompute: bool, layout: str, is_first_microbatch, wants_grad: bool,
-               out_dtype) -> Plan:
+               out_dtype, gemm: int) -> Plan:
     """This call's decisions: a replay's, or the recipe's with the module's FP8 state (a
     training forward records; anything else only reads)."""
     eager = not torch.compiler.is_compiling()
@@ -178,9 +191,9 @@ def _make_plan(m, x2, weight, frame, replay, recompute: bool, layout: str, is_fi
             m._nograd_frame = None
     auto_use = -1
     if replay is None and recipe.fp8_format is Format.AUTO and eager and record:
-        auto_use = auto_forward(m, x2.detach(), weight.detach(), recipe, monitor, wants_grad, weight_cast)
-    fmts = list(replay.fmts) if replay is not None else [m._fmt(recipe, r) for r in range(3)]
-    plan = Plan(recipe, group, out_dtype, fmts, record, layout)
+        auto_use = auto_forward(m, x2.detach(), weight.detach(), recipe, monitor, wants_grad, weight_cast, gemm)
+    fmts = list(replay.fmts) if replay is not None else [m._fmt(recipe, 3 * gemm + r) for r in range(3)]
+    plan = Plan(recipe, group, out_dtype, fmts, record, layout, gemm)
     plan.module, plan.auto_use = m, auto_use
     plan.tn = x2.device.type == "cuda" or _casts.TN_ON_CPU
     if replay is not None:
@@ -196,7 +209,7 @@ def _make_plan(m, x2, weight, frame, replay, recompute: bool, layout: str, is_fi
     return plan
 
 
-def _calibrate(m, x, weight, frame, hp_forward, in_features: int, out_features: int):
+def _calibrate(m, x, weight, frame, hp_forward, in_features: int, out_features: int, gemm: int):
     """fp8_autocast(enabled=False, calibrating=True): high precision, and a delayed recipe's
     input and weight amaxes recorded (Transformer Engine's calibration)."""
     recipe = frame.recipe
@@ -206,7 +219,7 @@ def _calibrate(m, x, weight, frame, hp_forward, in_features: int, out_features: 
         spec = delayed_spec(recipe)
         group = reduce_group(frame.group)
         with torch.no_grad():
-            for role, t in ((0, x.reshape(-1, in_features)), (1, weight)):
+            for role, t in ((3 * gemm, x.reshape(-1, in_features)), (3 * gemm + 1, weight)):
                 am = ops.amax(t.detach())
                 all_reduce_max(am, group)
                 ops.delayed_record(m.fp8_amax_history, m.fp8_scale, m.fp8_steps, am, role=role,

@@ -1,7 +1,7 @@
 """The FP8 state of one module, shared by every fp8mix module (a mixin before nn.Module).
 
-Buffers (all in ``state_dict()``; a module with G GEMMs has R = 3G tensor roles, a
-Linear R = 3: input, weight, grad_output):
+Buffers (all in ``state_dict()``; a module with G GEMMs has R = 3G tensor roles, GEMM g
+owning roles 3g (input), 3g+1 (weight), 3g+2 (grad_output); a Linear has G = 1):
 
     fp8_amax_history  (C, R) float32  amaxes, row 0 newest; C = max(1024, the recipe's
                                       amax_history_len): one shape for every recipe up to
@@ -9,9 +9,9 @@ Linear R = 3: input, weight, grad_output):
                                       checkpoint into a freshly built model
     fp8_scale         (R,)   float32  the scale the next cast of each role uses
     fp8_steps         (R,)   int64    amaxes recorded per role (0: never used)
-    fp8_grad_pending  (K,)   float32  gradient amaxes backward passes left for the next
+    fp8_grad_pending  (G, K) float32  gradient amaxes backward passes left for the next
                                       forward to record (-1: empty slot); K = 8
-    fp8_grad_slot     ()     int64    the slot the next forward hands its backward
+    fp8_grad_slot     (G,)   int64    the slot the next forward hands its backward
     fp8_rng           (2,)   int64    stochastic rounding: Philox key, next offset
     fp8_auto          (R, 5) int64    Format.AUTO's state per role (fp8mix.auto_format)
 
@@ -84,7 +84,11 @@ class FP8StateMixin(_Module):
     companions (weight cache, replay plans, Format.AUTO mirrors) of a module's FP8 state.
     Put it before the torch module class: ``class Linear(FP8StateMixin, nn.Linear)``."""
 
-    fp8_roles = 3
+    fp8_gemms = 1  # GEMMs of the module; its FP8 state has 3 roles per GEMM
+    # Per-module policy (a precision plan sets these): fp8_enabled=False keeps the module in
+    # high precision inside fp8_autocast; fp8_recipe, when set, replaces the autocast's recipe.
+    fp8_enabled = True
+    fp8_recipe = None
     fp8_amax_history: torch.Tensor
     fp8_scale: torch.Tensor
     fp8_steps: torch.Tensor
@@ -94,14 +98,18 @@ class FP8StateMixin(_Module):
     fp8_auto: torch.Tensor
 
     # ---- construction ------------------------------------------------------------------
+    @property
+    def fp8_roles(self) -> int:
+        return 3 * self.fp8_gemms
+
     def _init_fp8_state(self, device=None) -> None:
-        R = self.fp8_roles
+        R, G = self.fp8_roles, self.fp8_gemms
         self._fp8_key = _splitmix64(torch.initial_seed() * 0x100000001B3 + next(_keys))
         self.register_buffer("fp8_amax_history", torch.zeros(HISTORY_CAPACITY, R, device=device))
         self.register_buffer("fp8_scale", torch.ones(R, device=device))
         self.register_buffer("fp8_steps", torch.zeros(R, dtype=torch.int64, device=device))
-        self.register_buffer("fp8_grad_pending", torch.full((GRAD_SLOTS,), -1.0, device=device))
-        self.register_buffer("fp8_grad_slot", torch.zeros((), dtype=torch.int64, device=device))
+        self.register_buffer("fp8_grad_pending", torch.full((G, GRAD_SLOTS), -1.0, device=device))
+        self.register_buffer("fp8_grad_slot", torch.zeros(G, dtype=torch.int64, device=device))
         self.register_buffer("fp8_rng", torch.tensor([self._fp8_key, 0], dtype=torch.int64, device=device))
         self.register_buffer("fp8_auto", torch.tensor(_auto_initial(R), dtype=torch.int64, device=device))
         self._reset_python_state()
@@ -110,8 +118,9 @@ class FP8StateMixin(_Module):
                            self._register_state_dict_hook(_before_save)]
 
     def _reset_python_state(self) -> None:
-        self._wcache = None          # (key, wq, w_scales): is_first_microbatch=True's FP8 weight
-        self._replay = ReplayQueue()  # plans of checkpointed forwards, for their recompute
+        G = self.fp8_gemms
+        self._wcache = [None] * G    # per GEMM (key, wq, wqt, w_sinv): is_first_microbatch=True's FP8 weight
+        self._replay = [ReplayQueue() for _ in range(G)]  # plans of checkpointed forwards, for their recompute
         self._nograd_frame = None    # the fp8_autocast frame of the last read-only forward
         self._auto_state = _auto_initial(self.fp8_roles)
         self._auto_reasons: dict = {}
@@ -164,7 +173,7 @@ class FP8StateMixin(_Module):
                 self._buffers[k] = moved
         if was_meta and not self.fp8_scale.is_meta:  # materialised (to_empty): the bytes are garbage
             self.reset_fp8_state()
-        self._wcache = None
+        self._wcache = [None] * self.fp8_gemms
         return out
 
     def reset_parameters(self) -> None:
@@ -194,15 +203,21 @@ class FP8StateMixin(_Module):
 
     # ---- per-role format (Format.AUTO) -------------------------------------------------
     def _fmt(self, recipe, role: int) -> Format:
+        """The encoding of state role `role` (3g + input/weight/grad_output) under recipe."""
         if recipe.fp8_format is Format.AUTO:
             return auto_format.current(self._auto_state[role])
         return recipe.format(ROLES[role % 3])
 
+    def fp8_role_name(self, role: int) -> str:
+        """"input", "weight", "grad_output"; "fc2.input"... for modules with several GEMMs."""
+        return ROLES[role % 3] if self.fp8_gemms == 1 else f"fc{role // 3 + 1}.{ROLES[role % 3]}"
+
     def fp8_format_report(self) -> dict:
         """Format.AUTO's current choice per tensor role, with the reason of the last
         evaluation that changed or confirmed it: {role: (Format name, reason)}."""
+        names = [self.fp8_role_name(i) for i in range(self.fp8_roles)]
         return {r: (auto_format.current(self._auto_state[i]).name, self._auto_reasons.get(r, "not evaluated yet"))
-                for i, r in enumerate(ROLES[: self.fp8_roles])}
+                for i, r in enumerate(names)}
 
     def _fp8_label(self) -> str:
         return getattr(self, "_fp8_name", None) or f"{type(self).__name__}@{id(self):x}"

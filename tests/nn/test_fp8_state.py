@@ -280,3 +280,23 @@ def test_distributed_checkpoint_round_trip(tmp_path):
     for (k, a), b in zip(m.state_dict().items(), m2.state_dict().values()):
         assert torch.equal(a, b), k
     assert int(m2[0].fp8_steps[0]) == 4
+
+
+# ---- per-module policy: what a precision plan sets ------------------------------------------------
+def test_per_module_recipe_and_switch_override_the_autocast():
+    torch.manual_seed(12)
+    model = _mlp(12)
+    ref = copy.deepcopy(model)
+    model[0].fp8_enabled = False  # this layer stays in high precision
+    model[2].fp8_recipe = CurrentScaling()  # this one uses its own recipe
+    ref0 = nn.Linear(64, 128)
+    ref0.load_state_dict({k: v for k, v in ref[0].state_dict().items() if "fp8_" not in k})
+    x = torch.randn(16, 64)
+    with fp8mix.fp8_autocast(fp8_recipe=DelayedScaling()):
+        y = model(x)
+    h = ref0(x)
+    assert torch.equal(model[0](x), h)  # (outside autocast too, trivially)
+    with fp8mix.fp8_autocast(fp8_recipe=CurrentScaling()):
+        yr = ref[2](ref[1](h))
+    assert torch.equal(y, yr)
+    assert model[0].fp8_steps.tolist() == [0, 0, 0] and model[2].fp8_steps.tolist() == [0, 0, 0]
