@@ -24,7 +24,8 @@ from .. import ops
 from ..formats import Format, Granularity, fp8_dtype
 from ..ops import DelayedSpec
 
-__all__ = ["Plan", "forward_casts", "grad_casts", "delayed_spec", "all_reduce_max"]
+__all__ = ["Plan", "forward_casts", "cast_input", "cast_weight", "input_layout", "grad_casts", "delayed_spec",
+           "all_reduce_max"]
 
 _IN, _W, _G = 0, 1, 2
 TN_ON_CPU = False  # tests: run the CPU through the tensor-core operand layouts
@@ -166,6 +167,26 @@ def forward_casts(m, x2: torch.Tensor, w: torch.Tensor, plan: Plan, replay, is_f
     """(xq, x_sinv, x_save, x_save_sinv, wq, wqt, w_sinv): the forward GEMM's operands, what
     backward keeps of x for wgrad (x_save; None: xq itself) and, for a tensor-core layout
     (plan.tn), the weight's transpose (else None). See _function for how they are used."""
+    xq, x_sinv, x_save, x_save_sinv = cast_input(m, x2, plan, replay)
+    wq, wqt, w_sinv = cast_weight(m, w, plan, replay, is_first_microbatch)
+    return xq, x_sinv, x_save, x_save_sinv, wq, wqt, w_sinv
+
+
+def input_layout(plan: Plan) -> tuple:
+    """What a GEMM input cast must produce for this plan: (granularity of xq, whether x's
+    transpose is also needed, granularity of the wgrad copy or None when xq (or its
+    transpose) serves). Module-specific input casts (a fused norm or activation) follow it."""
+    recipe, in_out = plan.recipe, plan.layout == "in_out"
+    if recipe.granularity("input") == _BLOCK:
+        return _BLOCK, False, (_BLOCK if in_out else _BLOCK2D)
+    return _TENSOR, in_out or plan.tn, None
+
+
+def cast_input(m, x2: torch.Tensor, plan: Plan, replay):
+    """(xq, x_sinv, x_save, x_save_sinv): the forward GEMM's A and what backward keeps of x
+    for wgrad (None: xq itself). The contract every input cast keeps (see input_layout):
+    read-only unless plan.record; a replay's scales when replay is given; infinities to NaN;
+    stochastic rounding from plan.skips[0] (and [3] for a second cast of x)."""
     recipe = plan.recipe
     in_out = plan.layout == "in_out"
     want_xt = in_out or plan.tn  # in_out: wgrad's A is x^T; tn: wgrad's B must be M-contiguous
@@ -187,8 +208,7 @@ def forward_casts(m, x2: torch.Tensor, w: torch.Tensor, plan: Plan, replay, is_f
         xq, xqt, x_sinv, _ = _current(x2, plan.fmts[_IN], recipe, _TENSOR, plan.group, transpose=want_xt,
                                       sr=_sr(plan, _IN))
         x_save, x_save_sinv = (xqt, x_sinv) if want_xt else (None, None)
-    wq, wqt, w_sinv = _weight(m, w, plan, replay, is_first_microbatch)
-    return xq, x_sinv, x_save, x_save_sinv, wq, wqt, w_sinv
+    return xq, x_sinv, x_save, x_save_sinv
 
 
 def _weight_key(m, w: torch.Tensor, plan: Plan):
@@ -197,7 +217,7 @@ def _weight_key(m, w: torch.Tensor, plan: Plan):
             plan.tn)
 
 
-def _weight(m, w: torch.Tensor, plan: Plan, replay, is_first_microbatch):
+def cast_weight(m, w: torch.Tensor, plan: Plan, replay, is_first_microbatch):
     """FP8 weight, its transpose (tn only, else None) and scale_inv. is_first_microbatch:
     None casts every call; True casts and keeps the result; False reuses what the last True
     call kept (Transformer Engine's gradient-accumulation convention)."""

@@ -19,7 +19,7 @@ from .. import ops
 from ..autocast import current_frame, note_module_ran
 from ..formats import Format, Granularity, fp8_dtype
 from . import _casts
-from ._casts import Plan, all_reduce_max, delayed_spec, forward_casts, python_algo_scale
+from ._casts import Plan, all_reduce_max, cast_input, cast_weight, delayed_spec, python_algo_scale
 from ._function import FP8LinearFunction
 from .checkpoint import in_recompute, under_saved_tensor_hooks
 from .observe import auto_forward, monitor_forward
@@ -139,8 +139,14 @@ def _flush_python_algo(m, recipe, fmt, g: int) -> None:
 
 
 def fp8_forward(m, x: torch.Tensor, weight: torch.Tensor, bias, *, layout: str, in_features: int,
-                out_features: int, is_first_microbatch, hp_forward, gemm: int = 0):
-    """GEMM `gemm` of the module under fp8_autocast (hp_forward(x): its high-precision forward)."""
+                out_features: int, is_first_microbatch, hp_forward, gemm: int = 0, input_cast=None):
+    """GEMM `gemm` of the module under fp8_autocast (hp_forward(x): its high-precision forward).
+
+    input_cast(m, x2, plan, replay) -> (x_autograd, xq, x_sinv, x_save, x_save_sinv) replaces
+    the cast of x for modules that produce the GEMM's FP8 input themselves (a norm or an
+    activation fused with the cast): x_autograd is the tensor whose gradient receives dx
+    (its grad_fn: the fused op's backward), the rest as _casts.cast_input returns, under the
+    same contract."""
     recompute = in_recompute() and torch.is_grad_enabled()
     replay = m._replay[gemm].take() if recompute else None
     frame = current_frame()
@@ -162,8 +168,12 @@ def fp8_forward(m, x: torch.Tensor, weight: torch.Tensor, bias, *, layout: str, 
     plan = _make_plan(m, x2, weight, frame, replay, recompute, layout, is_first_microbatch, wants_grad,
                       hp_out_dtype(x, weight.dtype), gemm)
     with torch.no_grad():
-        xq, x_sinv, x_save, x_save_sinv, wq, wqt, w_sinv = forward_casts(m, x2.detach(), weight.detach(), plan,
-                                                                         replay, is_first_microbatch)
+        if input_cast is None:
+            xq, x_sinv, x_save, x_save_sinv = cast_input(m, x2.detach(), plan, replay)
+        else:
+            with torch.enable_grad():
+                x2, xq, x_sinv, x_save, x_save_sinv = input_cast(m, x2, plan, replay)
+        wq, wqt, w_sinv = cast_weight(m, weight.detach(), plan, replay, is_first_microbatch)
         if plan.monitor is not None:
             monitor_forward(m, plan, x2.detach(), xq, x_sinv, wq, w_sinv, is_first_microbatch is not False)
     if plan.record and wants_grad and not recompute and under_saved_tensor_hooks():
