@@ -255,3 +255,12 @@ def test_is_refusal_recognises_only_the_refusal():
     assert fallback.is_refusal(NotImplementedError(fallback.REFUSED_PREFIX + ": no algorithm"))
     assert not fallback.is_refusal(NotImplementedError("something else"))
     assert not fallback.is_refusal(RuntimeError(fallback.REFUSED_PREFIX))
+
+
+def test_failures_lists_every_broken_kernel(cpu_cases):
+    cases = [Case(c.kernel, c.got.clone(), c.want, c.kind, c.bound) for c in cpu_cases[:40]]
+    for i in (3, 17, 30):
+        cases[i].got.reshape(-1).view(torch.uint8)[0] ^= 0x01
+    msgs = compare.failures(cases)
+    assert len(msgs) == 3 and all(cases[i].kernel in m for i, m in zip((3, 17, 30), msgs))
+    assert compare.failures(cpu_cases) == []

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["Case", "SelfCheckError", "verify", "first_mismatch", "gemm_tolerance"]
+__all__ = ["Case", "SelfCheckError", "verify", "failures", "first_mismatch", "gemm_tolerance"]
 
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _STATS_EXACT = (0, 1, 2, 3, 4, 5, 6, 9)
@@ -139,3 +139,15 @@ def verify(cases: list[Case]) -> int:
         check(case)
         n += case.want.numel()
     return n
+
+
+def failures(cases: list[Case]) -> list[str]:
+    """Every failing case's message (verify stops at the first): for a report that shows
+    all broken kernels of a device in one run."""
+    out = []
+    for case in cases:
+        try:
+            verify([case])
+        except SelfCheckError as e:
+            out.append(str(e))
+    return out
