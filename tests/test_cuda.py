@@ -22,7 +22,7 @@ import torch
 import fp8mix
 from fp8mix import ops
 from fp8mix.cuda import _capi, fallback, selfcheck
-from fp8mix.cuda.compare import Case, verify
+from fp8mix.cuda.compare import Case, gemm_bound, verify
 
 _HAS_CUDA_KERNELS = torch.cuda.is_available() and torch._C._dispatch_has_kernel_for_dispatch_key(
     "fp8mix::cast", "CUDA")
@@ -76,9 +76,8 @@ def _mm_or_fallback(name, allow_refusal, a, b, sa, sb, bias, out):
 
 def _gemm_case(name, got, a, b, sa, sb, kind, bias, want) -> None:
     """got vs want to within summation order and FP22 accumulation (the self-check's rule)."""
-    verify([Case(name, got.cpu(), want.cpu(), "gemm", selfcheck._gemm_bound(a.cpu(), b.cpu(), sa.cpu(), sb.cpu(),
-                                                                            kind, None if bias is None else
-                                                                            bias.cpu()))])
+    bound = gemm_bound(a.cpu(), b.cpu(), sa.cpu(), sb.cpu(), kind, None if bias is None else bias.cpu())
+    verify([Case(name, got.cpu(), want.cpu(), "gemm", bound)])
 
 
 # ---- smoke tests: one of each, first -----------------------------------------------------

@@ -195,14 +195,7 @@ def _operands(m, n, k, kind, seed, fmt_b=E4):
 
 
 def _f64(a, b, sa, sb, kind, bias):
-    m, k = a.shape
-    n = b.shape[1]
-    ad, bd = a.double(), b.double()
-    if kind == "block":
-        ad = ad * sa.double().repeat_interleave(128, dim=1)[:, :k]
-        bd = bd * sb.double().repeat_interleave(128, dim=0)[:k].repeat_interleave(128, dim=1)[:, :n]
-    else:
-        ad, bd = ad * sa.double().reshape(-1, 1).expand(m, 1), bd * sb.double().reshape(1, -1).expand(1, n)
+    ad, bd = compare.scaled_operands(a, b, sa, sb, kind)
     out = ad @ bd
     return out + bias.double() if bias is not None else out
 

@@ -162,7 +162,7 @@ fp8mix_status fp8mix_mm_layout_plan(const fp8mix_mm_problem *p, fp8mix_mm_plan *
     const int block = p->scale_a_kind == FP8MIX_MM_SCALE_BLOCK;
     pl->mp = block ? ru(p->m, 4) : p->m;
     pl->np = ru(p->n, 16);
-    pl->kp = ru(p->k, 16);
+    pl->kp = ru(p->k, block ? FP8MIX_BLOCK : 16);
     pl->copy_a = operand_copy(p->m, pl->mp, p->k, pl->kp, p->a_stride0, p->a_stride1, p->a_addr, &pl->lda);
     pl->copy_b = operand_copy(p->n, pl->np, p->k, pl->kp, p->b_stride1, p->b_stride0, p->b_addr, &pl->ldb);
     plan_scales(p, pl);

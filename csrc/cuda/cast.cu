@@ -216,12 +216,9 @@ extern "C" fp8mix_status fp8mix_cuda_cast(const void *x, fp8mix_dtype xt, int64_
                                           const fp8mix_cast_opts *opts, cudaStream_t stream)
 {
     begin_call();
-    if (!opts) return FP8MIX_ERR_NULL_POINTER;
-    fp8mix_status st = common_checks(x, xt, rows, cols, ld_x, gran);
-    if (st) return st;
-    if ((st = out_checks(rows, cols, q, ld_q, qt, ld_qt))) return st;
     Fp8Params p;
-    if ((st = params_init(&p, opts))) return st;
+    fp8mix_status st = cast_prologue(x, xt, rows, cols, ld_x, gran, q, ld_q, qt, ld_qt, opts, &p);
+    if (st) return st;
     if (rows > 0 && cols > 0 && !scale) return FP8MIX_ERR_NULL_POINTER;
     if (amax && (st = cuda_status(cudaMemsetAsync(amax, 0, sizeof(float), stream), "fp8mix_cuda_cast (memset)")))
         return st;

@@ -46,12 +46,7 @@ struct CastArgs {
 
 __device__ __forceinline__ int64_t scale_index(const CastArgs &A, int64_t i, int64_t j)
 {
-    switch (A.gran) {
-    case FP8MIX_GRAN_TENSOR: return 0;
-    case FP8MIX_GRAN_ROW: return i;
-    case FP8MIX_GRAN_BLOCK: return i * A.nbc + j / FP8MIX_BLOCK;
-    default: return (i / FP8MIX_BLOCK) * A.nbc + j / FP8MIX_BLOCK;
-    }
+    return scale_tile(A.gran, i, j, A.nbc);
 }
 
 /* The scale of tile si: given, or derived from the tile's amax (current mode). */
@@ -219,6 +214,19 @@ inline CastArgs make_args(const void *x, int64_t rows, int64_t cols, int64_t ld_
     A.offset = o->offset;
     A.hw = fp8mix_cuda_get_hw_convert() && p.saturate && !p.stochastic;
     return A;
+}
+
+/* The argument checks fp8mix_cuda_cast and fp8mix_cuda_quantize_current share
+ * (before anything is enqueued); fills *p from opts. */
+inline fp8mix_status cast_prologue(const void *x, fp8mix_dtype xt, int64_t rows, int64_t cols, int64_t ld_x,
+                                   fp8mix_granularity gran, const uint8_t *q, int64_t ld_q, const uint8_t *qt,
+                                   int64_t ld_qt, const fp8mix_cast_opts *opts, Fp8Params *p)
+{
+    if (!opts) return FP8MIX_ERR_NULL_POINTER;
+    fp8mix_status st = common_checks(x, xt, rows, cols, ld_x, gran);
+    if (st) return st;
+    if ((st = out_checks(rows, cols, q, ld_q, qt, ld_qt))) return st;
+    return params_init(p, opts);
 }
 
 /* Launch the x -> q (and qt) kernels for A (scales given or current mode); cast.cu. */

@@ -25,14 +25,7 @@ struct DqArgs {
 
 __device__ __forceinline__ float dq_scale(const DqArgs &D, int64_t i, int64_t j)
 {
-    int64_t si;
-    switch (D.gran) {
-    case FP8MIX_GRAN_TENSOR: si = 0; break;
-    case FP8MIX_GRAN_ROW: si = i; break;
-    case FP8MIX_GRAN_BLOCK: si = i * D.nbc + j / FP8MIX_BLOCK; break;
-    default: si = (i / FP8MIX_BLOCK) * D.nbc + j / FP8MIX_BLOCK; break;
-    }
-    float s = D.scale_inv[si];
+    float s = D.scale_inv[scale_tile(D.gran, i, j, D.nbc)];
     if (!scale_ok(s) && D.scale_status) *D.scale_status = FP8MIX_ERR_BAD_SCALE;
     return s;
 }

@@ -162,6 +162,17 @@ __device__ __forceinline__ void random_words(uint64_t seed, uint64_t c0, uint32_
 }
 
 /* ---- amax and scales -------------------------------------------------------- */
+/* Index of element (i, j)'s scale in gran's dense scale array (nbc = ceil(cols/128)). */
+__host__ __device__ __forceinline__ int64_t scale_tile(fp8mix_granularity gran, int64_t i, int64_t j, int64_t nbc)
+{
+    switch (gran) {
+    case FP8MIX_GRAN_TENSOR: return 0;
+    case FP8MIX_GRAN_ROW: return i;
+    case FP8MIX_GRAN_BLOCK: return i * nbc + j / FP8MIX_BLOCK;
+    default: return (i / FP8MIX_BLOCK) * nbc + j / FP8MIX_BLOCK;
+    }
+}
+
 /* Max |x| bits of a block's share, canonicalised before the atomic so that any
  * NaN anywhere gives exactly 0x7FC00000 (greater than +inf and every finite). */
 __device__ __forceinline__ uint32_t canon_amax_bits(uint32_t b) { return b > 0x7F800000u ? 0x7FC00000u : b; }

@@ -258,12 +258,9 @@ extern "C" fp8mix_status fp8mix_cuda_quantize_current(const void *x, fp8mix_dtyp
                                                       const fp8mix_cast_opts *opts, cudaStream_t stream)
 {
     begin_call();
-    if (!opts) return FP8MIX_ERR_NULL_POINTER;
-    fp8mix_status st = common_checks(x, xt, rows, cols, ld_x, gran);
-    if (st) return st;
-    if ((st = out_checks(rows, cols, q, ld_q, qt, ld_qt))) return st;
     Fp8Params p;
-    if ((st = params_init(&p, opts))) return st;
+    fp8mix_status st = cast_prologue(x, xt, rows, cols, ld_x, gran, q, ld_q, qt, ld_qt, opts, &p);
+    if (st) return st;
     if (margin < 0 || margin > 126 || !(amax_epsilon >= 0.0f) || amax_epsilon > 3.40282346638528859812e+38f)
         return FP8MIX_ERR_BAD_ARG;
     const int64_t n = scale_count(gran, rows, cols);

@@ -52,16 +52,6 @@ struct Acc {
     float mn;
 };
 
-__device__ __forceinline__ int64_t stats_tile(const StatsArgs &S, int64_t i, int64_t j)
-{
-    switch (S.gran) {
-    case FP8MIX_GRAN_TENSOR: return 0;
-    case FP8MIX_GRAN_ROW: return i;
-    case FP8MIX_GRAN_BLOCK: return i * S.nbc + j / FP8MIX_BLOCK;
-    default: return (i / FP8MIX_BLOCK) * S.nbc + j / FP8MIX_BLOCK;
-    }
-}
-
 /* One element, exactly stats.c's stats_seg step. */
 __device__ __forceinline__ void stats_one(Acc &a, float x, uint8_t qb, const StatsArgs &S, float sif)
 {
@@ -95,7 +85,7 @@ __global__ void __launch_bounds__(kThreads) stats_partial_kernel(StatsArgs S, Pa
     for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < ne; e += stride) {
         const int64_t i = e / S.cols, j = e - i * S.cols;
         const float x = load_hp(S.x + (size_t)(i * S.ld_x) * (S.xt == FP8MIX_F32 ? 4 : 2), S.xt, j);
-        const float si = S.scale_inv[stats_tile(S, i, j)];
+        const float si = S.scale_inv[scale_tile(S.gran, i, j, S.nbc)];
         if (!scale_ok(si) && S.scale_status) *S.scale_status = FP8MIX_ERR_BAD_SCALE;
         stats_one(a, x, S.q[i * S.ld_q + j], S, si);
     }

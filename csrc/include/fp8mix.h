@@ -399,8 +399,10 @@ int fp8mix_get_num_threads(void);
  *      b: VEC128_32F / BLK128x128_32F): compute capability 9.x only and cuBLASLt
  *      >= 12.9 (FP8MIX_MM_RULE_SCALE_ARCH, _SCALE_VERSION).  A TENSOR scale with
  *      an OUTER partner is expanded; BLOCK pairs only with BLOCK (BAD_ARG).
- *   R7 BLOCK: cuBLAS n (our M) a multiple of 4, so M is zero padded to mp; scale
- *      arrays sa (ceil(K/128), mp): sa[kb][i], sb (ceil(np/128),
+ *   R7 BLOCK: cuBLAS n (our M) a multiple of 4, so M is zero padded to mp; K is
+ *      zero padded to a whole number of 128-deep blocks (every public use of these
+ *      modes has K % 128 == 0; the zeros share the last block's scale and add
+ *      nothing); scale arrays sa (ceil(K/128), mp): sa[kb][i], sb (ceil(np/128),
  *      roundup(ceil(K/128), 4)): sb[nb][kb]; padding entries 1.
  *   R8 fast accumulation is not available with BLOCK scales (plan.fast_accum 0).
  *   R9 the bias epilogue is used for a bias of out's type with a bfloat16 /

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["Case", "SelfCheckError", "verify", "failures", "first_mismatch", "gemm_tolerance"]
+__all__ = ["Case", "SelfCheckError", "verify", "failures", "first_mismatch", "gemm_tolerance", "scaled_operands",
+           "gemm_bound"]
 
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _STATS_EXACT = (0, 1, 2, 3, 4, 5, 6, 9)
@@ -75,6 +76,32 @@ def gemm_tolerance(want: torch.Tensor, bound: torch.Tensor, out_dtype: torch.dty
     of 128 additions truncated to 13 mantissa bits) plus one rounding to out_dtype."""
     ulp = {torch.float32: 2.0 ** -23, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}[out_dtype]
     return bound.double() * 2.0 ** -6 + want.double().abs() * ulp + 1e-30
+
+
+def scaled_operands(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor, kind: str,
+                    dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
+    """a * scale_a and b * scale_b elementwise in `dtype`, for fp8mix.scaled_mm's scale
+    layouts: kind "tensor" / "row" (one value, (M, 1), (1, N)) or "block" ((M, ceil(K/128))
+    1x128 tiles of a, (ceil(K/128), ceil(N/128)) 128x128 blocks of b).  Their product is
+    the GEMM's exact value (in float64)."""
+    m, k = a.shape
+    n = b.shape[1]
+    ad, bd = a.to(dtype), b.to(dtype)
+    if kind == "block":
+        ad = ad * sa.to(dtype).repeat_interleave(128, dim=1)[:, :k]
+        bd = bd * sb.to(dtype).repeat_interleave(128, dim=0)[:k].repeat_interleave(128, dim=1)[:, :n]
+    else:
+        ad = ad * sa.to(dtype).reshape(-1, 1).expand(m, 1)
+        bd = bd * sb.to(dtype).reshape(1, -1).expand(1, n)
+    return ad, bd
+
+
+def gemm_bound(a, b, sa, sb, kind: str, bias=None) -> torch.Tensor:
+    """sum_k |a_ik sa| |b_kj sb| + |bias_j| in float64 (computed in float32, ample for a
+    tolerance): the size of what each output's summation rounds."""
+    ad, bd = scaled_operands(a, b, sa, sb, kind, torch.float32)
+    bound = (ad.abs() @ bd.abs()).double()
+    return bound + bias.double().abs() if bias is not None else bound
 
 
 def _fail(case: Case, what: str) -> SelfCheckError:

@@ -25,7 +25,7 @@ import torch
 
 from .. import ops
 from . import _capi
-from .compare import Case, SelfCheckError, verify
+from .compare import Case, SelfCheckError, gemm_bound, verify
 from .fallback import is_refusal, scaled_mm_fallback
 
 __all__ = ["run_selfcheck", "collect_cases", "SelfCheckError", "selfcheck_enabled"]
@@ -207,21 +207,6 @@ def _gemm_operands(m, n, k, kind, seed):
     return a, b, torch.rand(m, kb, generator=g) + 0.5, torch.rand(kb, -(-n // 128), generator=g) + 0.5
 
 
-def _gemm_bound(a, b, sa, sb, kind, bias) -> torch.Tensor:
-    """sum_k |a_ik sa| |b_kj sb| + |bias_j| (the scale of each output's rounding; float32
-    is ample for a tolerance)."""
-    m, k = a.shape
-    n = b.shape[1]
-    ad, bd = a.float().abs(), b.float().abs()
-    if kind == "block":
-        ad = ad * sa.repeat_interleave(128, dim=1)[:, :k]
-        bd = bd * sb.repeat_interleave(128, dim=0)[:k].repeat_interleave(128, dim=1)[:, :n]
-    else:
-        ad, bd = ad * sa.reshape(-1, 1).expand(m, 1), bd * sb.reshape(1, -1).expand(1, n)
-    bound = (ad @ bd).double()
-    return bound + bias.double().abs() if bias is not None else bound
-
-
 def _gemm_cases(dev: torch.device, out: list) -> None:
     plans = (((37, 48, 160), "tensor", torch.bfloat16, torch.bfloat16),
              ((64, 40, 144), "tensor", torch.float32, None),
@@ -242,7 +227,7 @@ def _gemm_cases(dev: torch.device, out: list) -> None:
                 raise
             got, how = scaled_mm_fallback(da, db, dsa, dsb, dbias, odt), " via the torch._scaled_mm fallback"
         name = f"scaled_mm[{kind} {m}x{n}x{k} {a.dtype} x {b.dtype} -> {odt} bias={bdt}{how}]"
-        out.append((name, got, want, "gemm", _gemm_bound(a, b, sa, sb, kind, bias)))
+        out.append((name, got, want, "gemm", gemm_bound(a, b, sa, sb, kind, bias)))
 
 
 def _fetch(pending: list) -> list[Case]:

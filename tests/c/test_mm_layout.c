@@ -62,13 +62,14 @@ static void check_gemm(const char *what, int64_t m, int64_t n, int64_t k, int b_
           (long long)m, (long long)n, (long long)k, (int)st, (int)pl.rule);
     if (st != FP8MIX_OK) return;
     const int block = kind == FP8MIX_MM_SCALE_BLOCK;
-    CHECK(pl.mp == (block ? ru(m, 4) : m) && pl.np == ru(n, 16) && pl.kp == ru(k, 16), "%s padded sizes", what);
-    const int a_in = k % 16 == 0 && (!block || m % 4 == 0);
+    CHECK(pl.mp == (block ? ru(m, 4) : m) && pl.np == ru(n, 16) && pl.kp == ru(k, block ? 128 : 16),
+          "%s padded sizes", what);
+    const int a_in = k % (block ? 128 : 16) == 0 && (!block || m % 4 == 0);
     CHECK(pl.copy_a == (a_in ? FP8MIX_MM_IN_PLACE : FP8MIX_MM_COPY_PAD), "%s copy_a %d", what, (int)pl.copy_a);
     /* a row-major b needs a transpose, except when K == 1 (one row is both layouts) */
     const fp8mix_mm_copy b_want = !b_col_major && k > 1 ? FP8MIX_MM_COPY_TRANSPOSE
-                                  : (b_col_major && k % 16 == 0 && n % 16 == 0) ? FP8MIX_MM_IN_PLACE
-                                                                                : FP8MIX_MM_COPY_PAD;
+                                  : (b_col_major && k % (block ? 128 : 16) == 0 && n % 16 == 0) ? FP8MIX_MM_IN_PLACE
+                                                                                              : FP8MIX_MM_COPY_PAD;
     CHECK(pl.copy_b == b_want, "%s copy_b %d, want %d", what, (int)pl.copy_b, (int)b_want);
     CHECK(pl.lda % 16 == 0 && pl.ldb % 16 == 0 && pl.lda >= pl.kp && pl.ldb >= pl.kp, "%s leading dims", what);
     if (block) {
