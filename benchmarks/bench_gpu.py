@@ -29,9 +29,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import fp8mix
-from fp8mix import ops
+from fp8mix import ops  # noqa: F401  (loads the native library)
 
 E4, E5 = torch.float8_e4m3fn, torch.float8_e5m2
+_ops = torch.ops.fp8mix  # raw ops, positional (the typed wrappers' signatures move)
 ROWS: list[tuple] = []
 DEV = "cuda"
 DRY = False
@@ -92,20 +93,20 @@ def bench_casts(n, quick):
         x = torch.randn(n, n, device=DEV).to(dt)
         esz, ne = x.element_size(), x.numel()
         s = torch.tensor(2.0, device=DEV)
-        t = timed(lambda: ops.cast(x, s, E4, 0, True, False, 0, 0, True, False))
+        t = timed(lambda: _ops.cast(x, s, E4, 0, True, False, 0, 0, True, False))
         row("cast", f"cast+amax {dt} {n}x{n}", ne * (esz + 1) / t / 1e9, "GB/s", "copy", copy_bw, 0.85)
-        t = timed(lambda: ops.cast(x, s, E4, 0, True, False, 0, 0, True, True))
+        t = timed(lambda: _ops.cast(x, s, E4, 0, True, False, 0, 0, True, True))
         row("cast", f"cast+T+amax {dt} {n}x{n}", ne * (esz + 2) / t / 1e9, "GB/s", "copy", copy_bw, 0.85)
         if quick:
             continue
-        t = timed(lambda: ops.cast(x, s, E4, 0, True, True, 1, 0, True, False))
+        t = timed(lambda: _ops.cast(x, s, E4, 0, True, True, 1, 0, True, False))
         row("cast", f"  cast SR {dt}", ne * (esz + 1) / t / 1e9, "GB/s", "copy", copy_bw)
         for g, name in ((0, "tensor"), (2, "1x128"), (3, "128x128")):
-            t = timed(lambda: ops.quantize_current(x, E4, g, 0, False, 0.0, True, False, 0, 0, True, False))
+            t = timed(lambda: _ops.quantize_current(x, E4, g, 0, False, 0.0, True, False, 0, 0, True, False))
             reads = 2 if g in (0, 3) else 1
             row("cast", f"  quantize_current {name} {dt}", ne * (reads * esz + 1) / t / 1e9, "GB/s", "copy",
                 copy_bw)
-        t = timed(lambda: ops.amax(x, 0))
+        t = timed(lambda: _ops.amax(x, 0))
         row("cast", f"  amax {dt}", ne * esz / t / 1e9, "GB/s", "copy", copy_bw)
 
 
@@ -148,7 +149,7 @@ def bench_gemm(shapes):
             sa, sb = _scales(kind, m, n, k)
             what = f"scaled_mm {m}x{n}x{k} {kind}"
             try:
-                t = timed(lambda: ops.scaled_mm(a, b, sa, sb, None, torch.bfloat16, "fp32", 128), iters=10)
+                t = timed(lambda: _ops.scaled_mm(a, b, sa, sb, None, torch.bfloat16, "fp32", 128), iters=10)
             except Exception as e:  # noqa: BLE001 - report and go on
                 error_row("gemm", what, e)
                 continue

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import fp8mix
-from fp8mix import ops
+from fp8mix import ops  # noqa: F401  (loads the native library)
 from fp8mix.cuda import _capi, fallback, selfcheck
 from fp8mix.cuda.compare import Case, gemm_bound, verify
 
@@ -30,6 +30,7 @@ if not _HAS_CUDA_KERNELS:  # one skip for the module, not one per parametrized c
     pytest.skip("needs an NVIDIA GPU and fp8mix built with CUDA (FP8MIX_FORCE_CUDA=1)", allow_module_level=True)
 
 E4, E5 = torch.float8_e4m3fn, torch.float8_e5m2
+_ops = torch.ops.fp8mix  # raw ops, positional: the schemas only gain trailing defaulted arguments
 HP = (torch.float32, torch.bfloat16, torch.float16)
 # rows x cols: aligned (vector path), odd (scalar path / partial tiles), tall, tiny, empty
 SHAPES = [(256, 384), (130, 200), (1, 16), (3, 17), (257, 129), (64, 4096), (0, 32), (5, 0)]
@@ -67,7 +68,7 @@ def _mm_or_fallback(name, allow_refusal, a, b, sa, sb, bias, out):
     """fp8mix's CUDA scaled_mm, or torch._scaled_mm through the fallback when cuBLASLt
     refuses the problem and the rules allow a refusal here."""
     try:
-        return ops.scaled_mm(a, b, sa, sb, bias, out, "fp32", 128)
+        return _ops.scaled_mm(a, b, sa, sb, bias, out, "fp32", 128)
     except NotImplementedError as e:
         assert fallback.is_refusal(e), str(e)
         assert allow_refusal, f"scaled_mm {name} must not be refused on this device: {e}"
@@ -85,15 +86,15 @@ def _gemm_case(name, got, a, b, sa, sb, kind, bias, want) -> None:
 def test_smoke_cast():
     x = _x((64, 256), torch.bfloat16)
     s = torch.tensor(2.0)
-    c, g = ops.cast(x, s, E4, 0), ops.cast(x.cuda(), s.cuda(), E4, 0)
+    c, g = _ops.cast(x, s, E4, 0), _ops.cast(x.cuda(), s.cuda(), E4, 0)
     assert torch.equal(_bytes(g[0]), _bytes(c[0])) and torch.equal(_bits(g[2]), _bits(c[2]))
 
 
 def test_smoke_gemm():
     a, b = _fp8((128, 256), E4, 1), _fp8((64, 256), E4, 2).t()
     s = torch.tensor(0.5)
-    c = ops.scaled_mm(a, b, s, s, None, torch.float32, "fp32", 128)
-    g = ops.scaled_mm(a.cuda(), b.cuda(), s.cuda(), s.cuda(), None, torch.float32, "fp32", 128)
+    c = _ops.scaled_mm(a, b, s, s, None, torch.float32, "fp32", 128)
+    g = _ops.scaled_mm(a.cuda(), b.cuda(), s.cuda(), s.cuda(), None, torch.float32, "fp32", 128)
     _gemm_case("smoke scaled_mm", g, a, b, s, s, "tensor", None, c)
 
 
@@ -134,8 +135,8 @@ def test_cast_bytes_match_cpu(shape, dtype, gran, fmt, saturate, stochastic, tra
     x = _x(shape, dtype)
     s = _scales(x, gran)
     args = (fmt, gran, saturate, stochastic, 12345678901, 4 * 7, True, transpose)
-    q0, qt0, a0 = ops.cast(x, s, *args)
-    q1, qt1, a1 = ops.cast(x.cuda(), s.cuda(), *args)
+    q0, qt0, a0 = _ops.cast(x, s, *args)
+    q1, qt1, a1 = _ops.cast(x.cuda(), s.cuda(), *args)
     assert torch.equal(_bytes(q1), _bytes(q0))
     if transpose:
         assert torch.equal(_bytes(qt1), _bytes(qt0))
@@ -148,8 +149,8 @@ def test_cast_qt_only_and_strided_input(dtype):
     x = base[:, 16:144]  # row stride 160, inner stride 1: no copy on either device
     s = torch.tensor(0.75)
     for want_q in (True, False):
-        c = ops.cast(x, s, E4, 0, True, False, 0, 0, want_q, True)
-        g = ops.cast(x.cuda(), s.cuda(), E4, 0, True, False, 0, 0, want_q, True)
+        c = _ops.cast(x, s, E4, 0, True, False, 0, 0, want_q, True)
+        g = _ops.cast(x.cuda(), s.cuda(), E4, 0, True, False, 0, 0, want_q, True)
         assert torch.equal(_bytes(g[1]), _bytes(c[1]))
         if want_q:
             assert torch.equal(_bytes(g[0]), _bytes(c[0]))
@@ -159,8 +160,8 @@ def test_stochastic_offset_not_multiple_of_4_and_big_seed():
     x = _x((33, 48), torch.float32)
     for off in (0, 1, 2, 3, 2**40 + 1):
         for seed in (0, 2**63 - 1, -5):
-            c = ops.cast(x, torch.tensor(3.0), E5, 0, True, True, seed, off)
-            g = ops.cast(x.cuda(), torch.tensor(3.0).cuda(), E5, 0, True, True, seed, off)
+            c = _ops.cast(x, torch.tensor(3.0), E5, 0, True, True, seed, off)
+            g = _ops.cast(x.cuda(), torch.tensor(3.0).cuda(), E5, 0, True, True, seed, off)
             assert torch.equal(_bytes(g[0]), _bytes(c[0])), (off, seed)
 
 
@@ -173,8 +174,8 @@ def test_every_float16_and_bfloat16_pattern():
             for sat in (True, False):
                 for sc in (1.0, 0.0078125, 300.0):
                     s = torch.tensor(sc)
-                    c = ops.cast(x, s, fmt, 0, sat, False, 0, 0)
-                    g = ops.cast(x.cuda(), s.cuda(), fmt, 0, sat, False, 0, 0)
+                    c = _ops.cast(x, s, fmt, 0, sat, False, 0, 0)
+                    g = _ops.cast(x.cuda(), s.cuda(), fmt, 0, sat, False, 0, 0)
                     assert torch.equal(_bytes(g[0]), _bytes(c[0])), (dt, fmt, sat, sc)
                     assert torch.equal(_bits(g[2]), _bits(c[2]))
 
@@ -192,8 +193,8 @@ def test_float32_edge_patterns():
     for fmt in (E4, E5):
         for sat in (True, False):
             for sr in (False, True):
-                c = ops.cast(x, torch.tensor(1.0), fmt, 0, sat, sr, 99, 0)
-                g = ops.cast(x.cuda(), torch.tensor(1.0).cuda(), fmt, 0, sat, sr, 99, 0)
+                c = _ops.cast(x, torch.tensor(1.0), fmt, 0, sat, sr, 99, 0)
+                g = _ops.cast(x.cuda(), torch.tensor(1.0).cuda(), fmt, 0, sat, sr, 99, 0)
                 assert torch.equal(_bytes(g[0]), _bytes(c[0])), (fmt, sat, sr)
 
 
@@ -224,11 +225,11 @@ def test_empty_tensors_as_on_cpu(shape, transpose):
     x = torch.empty(shape)
     for gran in GRANS:
         s = _scales(x, gran)
-        c = ops.cast(x, s, E4, gran, True, False, 0, 0, True, transpose)
-        g = ops.cast(x.cuda(), s.cuda(), E4, gran, True, False, 0, 0, True, transpose)
+        c = _ops.cast(x, s, E4, gran, True, False, 0, 0, True, transpose)
+        g = _ops.cast(x.cuda(), s.cuda(), E4, gran, True, False, 0, 0, True, transpose)
         assert g[0].shape == c[0].shape and g[1].shape == c[1].shape and torch.equal(_bits(g[2]), _bits(c[2]))
-        cq = ops.quantize_current(x, E5, gran, 0, False, 0.0, True, False, 0, 0, True, transpose)
-        gq = ops.quantize_current(x.cuda(), E5, gran, 0, False, 0.0, True, False, 0, 0, True, transpose)
+        cq = _ops.quantize_current(x, E5, gran, 0, False, 0.0, True, False, 0, 0, True, transpose)
+        gq = _ops.quantize_current(x.cuda(), E5, gran, 0, False, 0.0, True, False, 0, 0, True, transpose)
         assert [t.shape for t in gq] == [t.shape for t in cq]
         assert torch.equal(_bits(gq[2]), _bits(cq[2])) and torch.equal(_bits(gq[3]), _bits(cq[3]))  # 1 and 0
 
@@ -240,7 +241,7 @@ def test_quant_stats_on_cuda_matches_cpu(gran, fmt, saturate):
     """The CUDA quant_stats kernel: counts exact, float64 energies to rounding."""
     for dtype, shape in ((torch.bfloat16, (257, 129)), (torch.float32, (64, 4096)), (torch.float16, (3, 17))):
         x = _x(shape, dtype, seed=gran)
-        q, _, sinv, _ = ops.quantize_current(x, fmt, gran, 0, False, 0.0, saturate, False, 0, 0, True, False)
+        q, _, sinv, _ = _ops.quantize_current(x, fmt, gran, 0, False, 0.0, saturate, False, 0, 0, True, False)
         c = torch.ops.fp8mix.quant_stats(x, q, sinv, gran)
         g = torch.ops.fp8mix.quant_stats(x.cuda(), q.cuda(), sinv.cuda(), gran)
         assert g.device.type == "cuda" and g.dtype == torch.float64
@@ -255,8 +256,8 @@ def test_quant_stats_on_cuda_matches_cpu(gran, fmt, saturate):
 @pytest.mark.parametrize("gran", GRANS)
 def test_amax_matches_cpu(shape, dtype, gran):
     x = _x(shape, dtype, seed=3)
-    a0 = ops.amax(x, gran)
-    a1 = ops.amax(x.cuda(), gran)
+    a0 = _ops.amax(x, gran)
+    a1 = _ops.amax(x.cuda(), gran)
     assert a1.shape == a0.shape
     assert torch.equal(_bits(a1), _bits(a0))
 
@@ -266,9 +267,9 @@ def test_amax_nan_rules():
     x[7, 3] = float("nan")
     x[200, 250] = -float("inf")
     for g in GRANS:
-        assert torch.equal(_bits(ops.amax(x.cuda(), g)), _bits(ops.amax(x, g)))
+        assert torch.equal(_bits(_ops.amax(x.cuda(), g)), _bits(_ops.amax(x, g)))
     y = -torch.tensor([float("nan")] * 16).view(1, 16)  # negative NaN -> canonical 0x7FC00000
-    assert ops.amax(y.cuda(), 0).view(torch.int32).item() == 0x7FC00000
+    assert _ops.amax(y.cuda(), 0).view(torch.int32).item() == 0x7FC00000
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
@@ -282,8 +283,8 @@ def test_quantize_current_matches_cpu(shape, dtype, gran, fmt, transpose, mode, 
     margin, pow2, eps = (2, True, 1e-3) if mode == "pow2_margin_eps" else (0, False, 0.0)
     sr = mode == "sr"
     args = (fmt, gran, margin, pow2, eps, True, sr, 777, 8, True, transpose)
-    c = ops.quantize_current(x, *args)
-    g = ops.quantize_current(x.cuda(), *args)
+    c = _ops.quantize_current(x, *args)
+    g = _ops.quantize_current(x.cuda(), *args)
     assert torch.equal(_bytes(g[0]), _bytes(c[0]))
     if transpose:
         assert torch.equal(_bytes(g[1]), _bytes(c[1]))
@@ -299,8 +300,8 @@ def test_compute_scale_matches_cpu(fmt, margin, pow2):
     a = torch.tensor([0.0, -0.0, 1e-45, 1e-38, 1e-30, 0.5, 1.0, 448.0, 3e38, float("inf"), float("nan"),
                       1.17549435e-38, 7.0, 1e-3] * 2)
     for eps in (0.0, 1e-4):
-        c = ops.compute_scale(a, fmt, margin, pow2, eps)
-        g = ops.compute_scale(a.cuda(), fmt, margin, pow2, eps)
+        c = _ops.compute_scale(a, fmt, margin, pow2, eps)
+        g = _ops.compute_scale(a.cuda(), fmt, margin, pow2, eps)
         assert torch.equal(_bits(g[0]), _bits(c[0])) and torch.equal(_bits(g[1]), _bits(c[1]))
 
 
@@ -313,8 +314,8 @@ def test_dequantize_matches_cpu(shape, out, gran, fmt):
     q = torch.randint(0, 256, shape, generator=g8, dtype=torch.uint8).view(fmt)
     x = _x(shape, torch.float32)
     s = _scales(x, gran, seed=4)
-    c = ops.dequantize(q, s, gran, out)
-    g = ops.dequantize(q.cuda(), s.cuda(), gran, out)
+    c = _ops.dequantize(q, s, gran, out)
+    g = _ops.dequantize(q.cuda(), s.cuda(), gran, out)
     assert torch.equal(_bits(g), _bits(c))
 
 
@@ -324,14 +325,14 @@ def test_invalid_scale_flag():
     try:
         x = torch.randn(32, 32, device="cuda")
         with pytest.raises(ValueError, match="finite and > 0"):
-            ops.cast(x, torch.tensor(float("nan"), device="cuda"), E4, 0)
+            _ops.cast(x, torch.tensor(float("nan"), device="cuda"), E4, 0)
         with pytest.raises(ValueError, match="finite and > 0"):
-            ops.dequantize(torch.zeros(4, 16, dtype=torch.uint8, device="cuda").view(E4),
+            _ops.dequantize(torch.zeros(4, 16, dtype=torch.uint8, device="cuda").view(E4),
                            torch.tensor(-1.0, device="cuda"), 0, torch.float32)
-        q, _, si, _ = ops.quantize_current(x, E4, 0, 0, False, 0.0, True, False, 0, 0, True, False)
+        q, _, si, _ = _ops.quantize_current(x, E4, 0, 0, False, 0.0, True, False, 0, 0, True, False)
         with pytest.raises(ValueError, match="finite and > 0"):
             torch.ops.fp8mix.quant_stats(x, q, torch.tensor(0.0, device="cuda"), 0)
-        ops.cast(x, torch.tensor(2.0, device="cuda"), E4, 0)  # valid: no error
+        _ops.cast(x, torch.tensor(2.0, device="cuda"), E4, 0)  # valid: no error
     finally:
         torch.ops.fp8mix.cuda_set_check_scales(old)
 
@@ -345,7 +346,7 @@ def _rederive(h, am, scale, steps, fmax, margin, pow2, algo, interval):
     steps = steps + 1
     a = h.amax() if algo == "max" else h[0]
     fmt = E4 if fmax == 448.0 else E5
-    s, _ = ops.compute_scale(a.reshape(1).cpu(), fmt, margin, pow2, 0.0)
+    s, _ = _ops.compute_scale(a.reshape(1).cpu(), fmt, margin, pow2, 0.0)
     ok = bool(torch.isfinite(a) and a > 0) and (steps % interval == 0)
     return h, (s[0] if ok else scale), steps
 
@@ -414,7 +415,7 @@ def test_scaled_mm_matches_cpu(mnk, fmts, out, scales, bias):
         sa, sb = torch.rand(M, kb) + 0.5, torch.rand(kb, (N + 127) // 128) + 0.5
     bt = {None: None, "out": out, "f32": torch.float32, "bf16": torch.bfloat16}[bias]
     bv = (torch.randn(N) * 10).to(bt) if bt is not None else None
-    c = ops.scaled_mm(a, b, sa, sb, bv, out, "fp32", 128)
+    c = _ops.scaled_mm(a, b, sa, sb, bv, out, "fp32", 128)
     # Refusals are allowed only where the layout rules expect them (row-wise / block scales
     # off sm_90, or a format pair cuBLASLt may lack); then the fallback must be right.
     sm90 = torch.cuda.get_device_capability()[0] == 9
@@ -434,7 +435,7 @@ def test_scaled_mm_vs_torch_scaled_mm():
     sa, sb = torch.tensor(0.5, device="cuda"), torch.tensor(0.25, device="cuda")
     for out in (torch.bfloat16, torch.float32):
         ref = torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=out)
-        got = ops.scaled_mm(a, b, sa, sb, None, out, "fp32", 128)
+        got = _ops.scaled_mm(a, b, sa, sb, None, out, "fp32", 128)
         # both are cuBLASLt FP8 GEMMs, but with different heuristic inputs (alignment
         # preferences, workspace): maybe different algorithms, so summation order differs
         _gemm_case(f"scaled_mm vs torch._scaled_mm {out}", got, a, b, sa, sb, "tensor", None, ref)
@@ -443,7 +444,7 @@ def test_scaled_mm_vs_torch_scaled_mm():
         ref = torch._scaled_mm(a, b, scale_a=sa_r, scale_b=sb_r, out_dtype=torch.bfloat16)
     except RuntimeError as e:  # older torch / cuBLAS without row-wise scaling
         pytest.skip(f"torch._scaled_mm row-wise unavailable: {e}")
-    got = ops.scaled_mm(a, b, sa_r, sb_r, None, torch.bfloat16, "fp32", 128)
+    got = _ops.scaled_mm(a, b, sa_r, sb_r, None, torch.bfloat16, "fp32", 128)
     _gemm_case("scaled_mm vs torch._scaled_mm row-wise", got, a, b, sa_r, sb_r, "row", None, ref)
 
 
@@ -451,11 +452,11 @@ def test_scaled_mm_row_major_b_and_errors():
     a = _fp8((64, 64), E4, 5)
     b = _fp8((64, 32), E4, 6)  # row-major (K, N): transposed by a copy on CUDA
     s = torch.tensor(1.0)
-    c = ops.scaled_mm(a, b, s, s, None, torch.float32, "fp32", 128)
-    g = ops.scaled_mm(a.cuda(), b.cuda(), s.cuda(), s.cuda(), None, torch.float32, "fp32", 128)
+    c = _ops.scaled_mm(a, b, s, s, None, torch.float32, "fp32", 128)
+    g = _ops.scaled_mm(a.cuda(), b.cuda(), s.cuda(), s.cuda(), None, torch.float32, "fp32", 128)
     _gemm_case("scaled_mm row-major b", g, a, b, s, s, "tensor", None, c)
     with pytest.raises(ValueError, match="E5M2 x E5M2"):
-        ops.scaled_mm(_fp8((64, 64), E5, 1).cuda(), _fp8((32, 64), E5, 2).cuda().t(), s.cuda(), s.cuda(), None,
+        _ops.scaled_mm(_fp8((64, 64), E5, 1).cuda(), _fp8((32, 64), E5, 2).cuda().t(), s.cuda(), s.cuda(), None,
                       torch.float32, "fp32", 128)
 
 
@@ -470,8 +471,8 @@ def test_scaled_mm_misaligned_bias_and_operand_views(offset):
     big_bias = torch.randn(N + 16).to(torch.bfloat16)
     bias = big_bias[offset:offset + N]
     s = torch.tensor(0.75)
-    c = ops.scaled_mm(a, b, s, s, bias, torch.bfloat16, "fp32", 128)
-    g = ops.scaled_mm(big_a.cuda()[:, offset:offset + K], b.cuda(), s.cuda(), s.cuda(),
+    c = _ops.scaled_mm(a, b, s, s, bias, torch.bfloat16, "fp32", 128)
+    g = _ops.scaled_mm(big_a.cuda()[:, offset:offset + K], b.cuda(), s.cuda(), s.cuda(),
                       big_bias.cuda()[offset:offset + N], torch.bfloat16, "fp32", 128)
     _gemm_case(f"scaled_mm misaligned views +{offset}", g, a, b, s, s, "tensor", bias, c)
 
@@ -490,11 +491,11 @@ def test_fallback_on_cuda_matches_cpu(kind):
     else:
         sa, sb = torch.rand(M, 3) + 0.5, torch.rand(3, 1) + 0.5
     bias = torch.randn(N).to(torch.bfloat16)
-    c = ops.scaled_mm(a, b, sa, sb, bias, torch.bfloat16, "fp32", 128)
+    c = _ops.scaled_mm(a, b, sa, sb, bias, torch.bfloat16, "fp32", 128)
     g = fallback.scaled_mm_fallback(a.cuda(), b.cuda(), sa.cuda(), sb.cuda(), bias.cuda(), torch.bfloat16)
     _gemm_case(f"scaled_mm_fallback {kind}", g, a, b, sa, sb, kind, bias, c)
     try:
-        ops.scaled_mm(a.cuda(), b.cuda(), sa.cuda(), sb.cuda(), bias.cuda(), torch.bfloat16, "fp32", 128)
+        _ops.scaled_mm(a.cuda(), b.cuda(), sa.cuda(), sb.cuda(), bias.cuda(), torch.bfloat16, "fp32", 128)
     except NotImplementedError as e:
         assert fallback.is_refusal(e), str(e)
         assert kind != "tensor", "per-tensor scales must never be refused on an FP8 device"
@@ -504,8 +505,8 @@ def test_scaled_mm_fast_accum_runs():
     a = _fp8((256, 512), E4, 7).cuda()
     b = _fp8((256, 512), E4, 8).cuda().t()
     s = torch.tensor(1.0, device="cuda")
-    exact = ops.scaled_mm(a, b, s, s, None, torch.float32, "fp32", 128)
-    fast = ops.scaled_mm(a, b, s, s, None, torch.float32, "fp22", 128)
+    exact = _ops.scaled_mm(a, b, s, s, None, torch.float32, "fp32", 128)
+    fast = _ops.scaled_mm(a, b, s, s, None, torch.float32, "fp22", 128)
     assert _rel_fro(fast, exact) < 1e-2
 
 

@@ -12,11 +12,12 @@ import warnings
 import pytest
 import torch
 
-from fp8mix import ops
+from fp8mix import ops  # noqa: F401  (loads the native library)
 from fp8mix.cuda import compare, fallback, selfcheck
 from fp8mix.cuda.compare import Case, SelfCheckError, verify
 
 E4, E5 = torch.float8_e4m3fn, torch.float8_e5m2
+_ops = torch.ops.fp8mix
 
 
 # ---- comparisons ----------------------------------------------------------------------
@@ -59,7 +60,7 @@ def _gemm(m, n, k, seed, accumulate="fp32", scale_b=1.9):
     a = (torch.randn(m, k, generator=g) * 8).to(E4)
     b = (torch.randn(n, k, generator=g) * 8).to(E4).t()
     sa, sb = torch.tensor(0.37), torch.tensor(scale_b)
-    out = ops.scaled_mm(a, b, sa, sb, None, torch.float32, accumulate, 128)
+    out = _ops.scaled_mm(a, b, sa, sb, None, torch.float32, accumulate, 128)
     bound = (a.double().abs() * 0.37) @ (b.double().abs() * 1.9)
     return out, bound
 
@@ -164,17 +165,25 @@ def test_run_selfcheck_once_per_device_and_env_switch(monkeypatch):
     assert selfcheck.run_selfcheck("cpu") is None and len(calls) == 1
 
 
+class _WrongAmaxOps:
+    """torch.ops.fp8mix with an amax whose first call (the "device" half of the first pair)
+    is one ulp off."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __getattr__(self, name):
+        return getattr(torch.ops.fp8mix, name)
+
+    def amax(self, x, g):
+        out = torch.ops.fp8mix.amax(x, g)
+        self.calls += 1
+        return (out.view(torch.int32) + 1).view(torch.float32) if self.calls == 1 else out
+
+
 def test_run_selfcheck_raises_on_a_wrong_kernel(monkeypatch):
     monkeypatch.setattr(selfcheck, "_done", {})
-    real = ops.amax
-    calls = []
-
-    def wrong_amax(x, g):  # the first call of each pair is the "device" one: make it one ulp off
-        out = real(x, g)
-        calls.append(g)
-        return (out.view(torch.int32) + 1).view(torch.float32) if len(calls) == 1 else out
-
-    monkeypatch.setattr(selfcheck.ops, "amax", wrong_amax)
+    monkeypatch.setattr(selfcheck, "_OPS", _WrongAmaxOps())
     with pytest.raises(SelfCheckError, match=r"amax\[gran="):
         selfcheck.run_selfcheck("cpu")
     assert "cpu" not in selfcheck._done
@@ -211,7 +220,7 @@ def test_fallback_matches_fp8mix_and_float64(kind, out, bias):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             got = fallback.scaled_mm_fallback(a, b, sa, sb, bv, out)
-        mine = ops.scaled_mm(a, b, sa, sb, bv, out, "fp32", 128)
+        mine = _ops.scaled_mm(a, b, sa, sb, bv, out, "fp32", 128)
         assert got.dtype == out and got.shape == (m, n) and got.is_contiguous()
         ref = _f64(a, b, sa, sb, kind, bv)
         tol = 1e-5 if out == torch.float32 else 8e-3

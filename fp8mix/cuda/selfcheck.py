@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from .. import ops
+from .. import ops  # noqa: F401  (loads fp8mix._C, which registers torch.ops.fp8mix)
 from . import _capi
 from .compare import Case, SelfCheckError, gemm_bound, verify
 from .fallback import is_refusal, scaled_mm_fallback
@@ -36,6 +36,9 @@ _SHAPES = ((64, 256), (37, 203))  # vector paths / scalar paths and partial tile
 _done: dict[str, dict] = {}
 _lock = threading.Lock()
 _fp8 = torch.ops.fp8mix
+# The raw ops with positional arguments: their schemas only ever gain trailing
+# defaulted arguments, unlike the typed Python wrappers (tests swap this for a fake).
+_OPS = torch.ops.fp8mix
 
 
 def selfcheck_enabled() -> bool:
@@ -89,9 +92,9 @@ def _cast_cases(dev: torch.device, out: list) -> None:
                         i += 1
                         x, s = _x(shape, dt, i), _scales(shape[0], shape[1], gran, i)
                         args = (fmt, gran, sat, sr, 0x1234_5678_9ABC + i, 4 * i + (i % 4), True, tr)
-                        want = ops.cast(x, s, *args)
+                        want = _OPS.cast(x, s, *args)
                         for hw in _hw_settings(dev) if (sat and not sr) else [None]:
-                            got = _with_hw(dev, hw, lambda: ops.cast(x.to(dev), s.to(dev), *args))
+                            got = _with_hw(dev, hw, lambda: _OPS.cast(x.to(dev), s.to(dev), *args))
                             name = (f"cast[{fmt} sat={sat} sr={sr} gran={gran} transpose={tr} {dt} {shape}"
                                     f"{'' if hw is None else ' hw_convert=' + str(hw)}]")
                             out += [(name + " q", got[0], want[0]), (name + " amax", got[2], want[2])]
@@ -123,8 +126,8 @@ def _quantize_cases(dev: torch.device, out: list) -> None:
                 i += 1
                 x = _x(shape, dt, 50 + i)
                 args = (fmt, gran, i % 3, bool(i % 2), 1e-3 * (i % 2), True, i % 4 == 0, 77, 8, True, tr)
-                want = ops.quantize_current(x, *args)
-                got = ops.quantize_current(x.to(dev), *args)
+                want = _OPS.quantize_current(x, *args)
+                got = _OPS.quantize_current(x.to(dev), *args)
                 name = f"quantize_current[{fmt} gran={gran} transpose={tr} {dt} {shape}]"
                 out += [(name + " q", got[0], want[0]), (name + " scale_inv", got[2], want[2]),
                         (name + " amax", got[3], want[3])]
@@ -135,10 +138,10 @@ def _quantize_cases(dev: torch.device, out: list) -> None:
 def _amax_scale_dequant_cases(dev: torch.device, out: list) -> None:
     for gran in range(4):
         x = _x(_SHAPES[gran % 2], _HP[gran % 3], 70 + gran)
-        out.append((f"amax[gran={gran} {x.dtype}]", ops.amax(x.to(dev), gran), ops.amax(x, gran)))
+        out.append((f"amax[gran={gran} {x.dtype}]", _OPS.amax(x.to(dev), gran), _OPS.amax(x, gran)))
     a = torch.tensor([0.0, -0.0, 1e-45, 1e-38, 0.5, 448.0, 3e38, float("inf"), float("nan"), 7.0])
     for fmt, margin, pow2, eps in ((E4, 0, False, 0.0), (E5, 3, True, 1e-4)):
-        want, got = ops.compute_scale(a, fmt, margin, pow2, eps), ops.compute_scale(a.to(dev), fmt, margin, pow2, eps)
+        want, got = _OPS.compute_scale(a, fmt, margin, pow2, eps), _OPS.compute_scale(a.to(dev), fmt, margin, pow2, eps)
         out += [(f"compute_scale[{fmt} margin={margin} pow2={pow2}] scale", got[0], want[0]),
                 (f"compute_scale[{fmt} margin={margin} pow2={pow2}] scale_inv", got[1], want[1])]
     g8 = torch.Generator().manual_seed(11)
@@ -147,8 +150,8 @@ def _amax_scale_dequant_cases(dev: torch.device, out: list) -> None:
             shape = _SHAPES[gran % 2]
             q = torch.randint(0, 256, shape, generator=g8, dtype=torch.uint8).view(fmt)
             s = _scales(shape[0], shape[1], gran, 80 + gran)
-            out.append((f"dequantize[{fmt} gran={gran} -> {odt}]", ops.dequantize(q.to(dev), s.to(dev), gran, odt),
-                        ops.dequantize(q, s, gran, odt)))
+            out.append((f"dequantize[{fmt} gran={gran} -> {odt}]", _OPS.dequantize(q.to(dev), s.to(dev), gran, odt),
+                        _OPS.dequantize(q, s, gran, odt)))
 
 
 def _stats_cases(dev: torch.device, out: list) -> None:
@@ -156,7 +159,7 @@ def _stats_cases(dev: torch.device, out: list) -> None:
         return
     for fmt, gran, sat in ((E4, 2, False), (E5, 0, True)):
         x = _x((67, 272), torch.bfloat16, 90 + gran)
-        q, _, sinv, _ = ops.quantize_current(x, fmt, gran, 0, False, 0.0, sat, False, 0, 0, True, False)
+        q, _, sinv, _ = _OPS.quantize_current(x, fmt, gran, 0, False, 0.0, sat, False, 0, 0, True, False)
         want = _fp8.quant_stats(x, q, sinv, gran)
         got = _fp8.quant_stats(x.to(dev), q.to(dev), sinv.to(dev), gran)
         out.append((f"quant_stats[{fmt} gran={gran} saturate={sat}]", got, want, "stats"))
@@ -168,7 +171,7 @@ def _rederive(h, am, scale, steps, fmax, margin, pow2, algo, interval):
     h[0] = am
     steps = steps + 1
     a = h.amax() if algo == "max" else h[0]
-    s, _ = ops.compute_scale(a.reshape(1), E4 if fmax == 448.0 else E5, margin, pow2, 0.0)
+    s, _ = _OPS.compute_scale(a.reshape(1), E4 if fmax == 448.0 else E5, margin, pow2, 0.0)
     ok = bool(torch.isfinite(a) and a > 0) and steps % interval == 0
     return h, (s[0] if ok else scale), steps
 
@@ -216,12 +219,12 @@ def _gemm_cases(dev: torch.device, out: list) -> None:
     for i, ((m, n, k), kind, odt, bdt) in enumerate(plans):
         a, b, sa, sb = _gemm_operands(m, n, k, kind, 20 + i)
         bias = None if bdt is None else (torch.randn(n, generator=torch.Generator().manual_seed(i)) * 10).to(bdt)
-        want = ops.scaled_mm(a, b, sa, sb, bias, odt, "fp32", 128)
+        want = _OPS.scaled_mm(a, b, sa, sb, bias, odt, "fp32", 128)
         da, db, dsa, dsb = a.to(dev), b.to(dev), sa.to(dev), sb.to(dev)
         dbias = None if bias is None else bias.to(dev)
         how = ""
         try:
-            got = ops.scaled_mm(da, db, dsa, dsb, dbias, odt, "fp32", 128)
+            got = _OPS.scaled_mm(da, db, dsa, dsb, dbias, odt, "fp32", 128)
         except NotImplementedError as e:
             if not is_refusal(e):
                 raise
