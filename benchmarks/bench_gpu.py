@@ -249,6 +249,8 @@ def bench_launches(n):
         x = torch.randn(n, n, device=DEV, dtype=torch.bfloat16, requires_grad=True)
 
         def step():
+            lin.zero_grad(set_to_none=True)  # as a training step does: no gradient accumulation
+            x.grad = None
             with fp8mix.fp8_autocast(enabled=True, fp8_recipe=rec):
                 y = lin(x)
             y.backward(torch.ones_like(y))
