@@ -25,7 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import fp8mix
 from fp8mix.cuda import _capi
-from fp8mix.cuda.compare import scaled_operands
+from fp8mix.cuda.compare import random_scales, scaled_operands
 from fp8mix.cuda.fallback import scale_kind
 
 E4, E5 = torch.float8_e4m3fn, torch.float8_e5m2
@@ -235,12 +235,7 @@ def _problem(m, n, k, kind, b_layout, seed):
     a = (torch.randn(m, k, generator=g) * 8).to(E4)
     w = (torch.randn(n, k, generator=g) * 8).to(E4)
     b = w.t() if b_layout == "col" else w.t().contiguous()
-    if kind == "tensor":
-        return a, b, torch.tensor(0.37), torch.tensor(1.9)
-    if kind == "row":
-        return a, b, torch.rand(m, 1, generator=g) + 0.5, torch.rand(1, n, generator=g) + 0.5
-    kb = -(-k // 128)
-    return a, b, torch.rand(m, kb, generator=g) + 0.5, torch.rand(kb, -(-n // 128), generator=g) + 0.5
+    return (a, b) + random_scales(kind, m, n, k, g)
 
 
 @pytest.mark.parametrize("kind", ["tensor", "row", "block"])

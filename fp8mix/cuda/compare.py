@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 __all__ = ["Case", "SelfCheckError", "verify", "failures", "first_mismatch", "gemm_tolerance", "scaled_operands",
-           "gemm_bound"]
+           "gemm_bound", "random_scales"]
 
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _STATS_EXACT = (0, 1, 2, 3, 4, 5, 6, 9)
@@ -94,6 +94,17 @@ def scaled_operands(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torc
         ad = ad * sa.to(dtype).reshape(-1, 1).expand(m, 1)
         bd = bd * sb.to(dtype).reshape(1, -1).expand(1, n)
     return ad, bd
+
+
+def random_scales(kind: str, m: int, n: int, k: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dequantisation factors of one scale kind for an (m, k) @ (k, n) product, in
+    [0.5, 1.5) (per tensor: 0.37 and 1.9)."""
+    if kind == "tensor":
+        return torch.tensor(0.37), torch.tensor(1.9)
+    if kind == "row":
+        return torch.rand(m, 1, generator=g) + 0.5, torch.rand(1, n, generator=g) + 0.5
+    kb = -(-k // 128)
+    return torch.rand(m, kb, generator=g) + 0.5, torch.rand(kb, -(-n // 128), generator=g) + 0.5
 
 
 def gemm_bound(a, b, sa, sb, kind: str, bias=None) -> torch.Tensor:

@@ -25,7 +25,7 @@ import torch
 
 from .. import ops  # noqa: F401  (loads fp8mix._C, which registers torch.ops.fp8mix)
 from . import _capi
-from .compare import Case, SelfCheckError, gemm_bound, verify
+from .compare import Case, SelfCheckError, gemm_bound, random_scales, verify
 from .fallback import is_refusal, scaled_mm_fallback
 
 __all__ = ["run_selfcheck", "collect_cases", "SelfCheckError", "selfcheck_enabled"]
@@ -202,12 +202,7 @@ def _gemm_operands(m, n, k, kind, seed):
     g = torch.Generator().manual_seed(seed)
     a = (torch.randn(m, k, generator=g) * 8).to(E4)
     b = (torch.randn(n, k, generator=g) * 8).to(E5 if seed % 2 else E4).t()  # column-major (K, N)
-    if kind == "tensor":
-        return a, b, torch.tensor(0.37), torch.tensor(1.9)
-    if kind == "row":
-        return a, b, torch.rand(m, 1, generator=g) + 0.5, torch.rand(1, n, generator=g) + 0.5
-    kb = -(-k // 128)
-    return a, b, torch.rand(m, kb, generator=g) + 0.5, torch.rand(kb, -(-n // 128), generator=g) + 0.5
+    return (a, b) + random_scales(kind, m, n, k, g)
 
 
 def _gemm_cases(dev: torch.device, out: list) -> None:
