@@ -130,13 +130,16 @@ cuda-check:
 # The CUDA half of the one C++ op file (#ifdef FP8MIX_WITH_CUDA), type-checked against
 # torch's own headers (needs the venv's torch and a CUDA include folder, no GPU). The
 # CPU wheel ships c10/cuda's headers but not their generated cmake macros: a stub.
-cuda-ops-check: venv
+# The Python with torch: the venv's when there is one here, else $(PYTHON) (a worktree
+# without its own .venv passes VENV=<path> or PYTHON=<python with torch>).
+OPS_PY = $(if $(wildcard $(VENV)/bin/python),$(VENV)/bin/python,$(PYTHON))
+cuda-ops-check:
 	@set -e; cuinc="$$(dirname "$$(command -v $(NVCC))")/../include"; \
 	[ -f "$$cuinc/cuda_runtime_api.h" ] || cuinc="$$(ls -d /usr/local/cuda*/include 2>/dev/null | head -n 1)"; \
 	stub=$(BUILD)/c10stub; mkdir -p $$stub/c10/cuda/impl; \
 	printf '#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n' > $$stub/c10/cuda/impl/cuda_cmake_macros.h; \
-	ti="$$($(VENV)/bin/python -c 'import torch.utils.cpp_extension as c; print(" ".join("-I" + p for p in c.include_paths()))')"; \
-	pi="$$($(VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"; \
+	ti="$$($(OPS_PY) -c 'import torch.utils.cpp_extension as c; print(" ".join("-I" + p for p in c.include_paths()))')"; \
+	pi="$$($(OPS_PY) -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"; \
 	echo "c++ -fsyntax-only -DFP8MIX_WITH_CUDA csrc/torch_ops.cpp"; \
 	$(CXX) -std=c++20 -fsyntax-only -DFP8MIX_WITH_CUDA $$ti -I$$stub -I$$pi -I"$$cuinc" -Icsrc/include csrc/torch_ops.cpp
 

@@ -67,22 +67,27 @@ def _nvidia_dirs(sub):
 
 
 def _cublaslt(cuda_home):
-    """(include dirs, link args) for cuBLASLt: the toolkit's, else the pip package's."""
-    incs, link = [], []
+    """(extra compile flags, link args) for cuBLASLt: the toolkit's, else the pip package's.
+
+    The toolkit's own include folder is already on the path (torch adds CUDA_HOME/include), so a
+    toolkit with cublasLt.h needs nothing more.  Otherwise only the pip folder holding cublasLt.h
+    is added, with -isystem: searched after every -I folder, so the toolkit's runtime headers still
+    win over the wheel's copies (nvidia/cu13/include also ships cuda_runtime*.h and crt/, which
+    must not shadow nvcc's own when the two minor versions differ)."""
+    flags = []
     tk_inc = os.path.join(cuda_home, "include") if cuda_home else None
     if not (tk_inc and os.path.exists(os.path.join(tk_inc, "cublasLt.h"))):
         incs = [d for d in _nvidia_dirs("include") if os.path.exists(os.path.join(d, "cublasLt.h"))]
         if not incs:
             sys.exit("fp8mix: CUDA build needs cublasLt.h (CUDA toolkit or the pip package nvidia-cublas); not found")
-    # Other headers torch's CUDA headers may pull in (cusparse.h, ...) from the pip packages too.
-    incs += [d for d in _nvidia_dirs("include") if d not in incs]
+        flags = ["-isystem", incs[0]]
     for d in ([os.path.join(cuda_home, "lib64"), os.path.join(cuda_home, "lib")] if cuda_home else []):
         if os.path.exists(os.path.join(d, "libcublasLt.so")):
-            return incs, [f"-L{d}", "-lcublasLt"]
+            return flags, [f"-L{d}", "-lcublasLt"]
     for d in _nvidia_dirs("lib"):
         libs = sorted(glob.glob(os.path.join(d, "libcublasLt.so*")))
         if libs:
-            return incs, [libs[0], f"-Wl,-rpath,{d}"]
+            return flags, [libs[0], f"-Wl,-rpath,{d}"]
     sys.exit("fp8mix: CUDA build needs libcublasLt (CUDA toolkit or the pip package nvidia-cublas); not found")
 
 
@@ -94,16 +99,16 @@ def _cuda_ext():
     for a in archs:
         gencode += ["-gencode", f"arch=compute_{a},code=sm_{a}"]
     gencode += ["-gencode", f"arch=compute_{archs[-1]},code=compute_{archs[-1]}"]  # PTX for newer GPUs
-    incs, link = _cublaslt(CUDA_HOME)
+    blas_flags, link = _cublaslt(CUDA_HOME)
     return CUDAExtension(
         name="fp8mix._C",
         sources=["csrc/torch_ops.cpp"] + sorted(glob.glob("csrc/cuda/*.cu")),
-        include_dirs=[os.path.join(ROOT, "csrc", "include")] + incs,
+        include_dirs=[os.path.join(ROOT, "csrc", "include")],
         define_macros=[("FP8MIX_WITH_CUDA", None)],
         extra_objects=[CORE_LIB],
         extra_compile_args={
-            "cxx": ["-O2", "-fno-fast-math"],
-            "nvcc": ["-O3", "-std=c++17", "-Xcompiler", "-fno-fast-math"] + gencode,
+            "cxx": ["-O2", "-fno-fast-math"] + blas_flags,
+            "nvcc": ["-O3", "-std=c++17", "-Xcompiler", "-fno-fast-math"] + blas_flags + gencode,
         },
         extra_link_args=["-lpthread"] + link,
     )

@@ -1,32 +1,55 @@
-"""GPU benchmark of the fp8mix CUDA backend: one table.
+"""GPU benchmark of the fp8mix CUDA backend: one PASS/FAIL table.
 
-  cast (+amax), cast+transpose (+amax), quantize_current: GB/s (bytes read + written)
-      against device-to-device copy bandwidth measured in the same run;
-  scaled_mm: TFLOP/s against torch._scaled_mm (same operands) and bf16 torch.mm;
-  fp8mix.Linear forward+backward step time against nn.Linear in bf16.
+  cast (+amax), cast+transpose (+amax): GB/s (bytes read + written) against a
+      device-to-device copy measured in the same run                    target >= 0.85
+  scaled_mm at 4096^3 and 8192^3, per-tensor / row-wise / 128-block scales: TFLOP/s
+      against torch._scaled_mm with the same scales (when this torch has that kind)
+      and bf16 torch.mm                                                    target >= 0.95
+  fp8mix.Linear fwd+bwd at 4096 and 8192 (M = N = K): speed-up over bf16 nn.Linear
+      (target >= 1.3 at 8192) and over torchao's Float8Linear when importable
+  launches per Linear fwd+bwd step (dispatched non-view ops; CUDA kernels as info)
+      targets <= 10 delayed / current, <= 12 block
+Rows already measured by benchmarks/gpu_check.sh (build, self-check, tests, training
+runs) are read from --rows (JSON lines) and printed in the same table.
 
-Timing: CUDA events around `iters` back-to-back calls after warm-up; the median
-of `reps` such runs.  Run by benchmarks/gpu_check.sh; usage:
-    python benchmarks/bench_gpu.py [--quick]
+Timing: CUDA events around `iters` back-to-back calls after warm-up; the median of
+`reps` runs.  --dry-run runs every part on the CPU with tiny shapes (wall-clock timer,
+verdict DRY) so that the script's own code is exercised without a GPU.
+Usage: python benchmarks/bench_gpu.py [--quick] [--dry-run] [--rows FILE] [--json FILE] [--table-only]
 """
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
+import time
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import fp8mix
-from fp8mix import ops
+from fp8mix import ops  # noqa: F401  (loads the native library)
 
 E4, E5 = torch.float8_e4m3fn, torch.float8_e5m2
+_ops = torch.ops.fp8mix  # raw ops, positional (the typed wrappers' signatures move)
+ROWS: list[tuple] = []
+DEV = "cuda"
+DRY = False
 
 
-def timed(fn, iters=20, reps=5, warmup=3):
+def timed(fn, iters=20, reps=5, warmup=3) -> float:
     """Median seconds per call of fn()."""
     for _ in range(warmup):
         fn()
+    if DRY:
+        out = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            out.append((time.perf_counter() - t) / iters)
+        return statistics.median(out)
     torch.cuda.synchronize()
     out = []
     for _ in range(reps):
@@ -40,123 +63,272 @@ def timed(fn, iters=20, reps=5, warmup=3):
     return statistics.median(out)
 
 
-ROWS = []
+def verdict(ok: bool | None) -> str:
+    if ok is None:
+        return ""
+    return "DRY" if DRY else ("PASS" if ok else "FAIL")
 
 
-def row(kind, what, value, unit, ref_name, ref_value, target=None):
-    ratio = value / ref_value if ref_value else float("nan")
-    ok = "" if target is None else ("PASS" if ratio >= target else "FAIL")
-    ROWS.append((kind, what, f"{value:9.1f} {unit}", f"{ref_name} {ref_value:9.1f}", f"{ratio:6.3f}",
-                 "" if target is None else f">= {target}", ok))
+def row(kind, what, value, unit, ref_name="", ref_value=None, target=None, fmt="9.1f"):
+    """One measured line; ratio = value / ref_value, PASS when ratio >= target."""
+    ratio = value / ref_value if ref_value else None
+    ok = None if target is None or ratio is None else ratio >= target
+    ROWS.append((kind, what, f"{value:{fmt}} {unit}", f"{ref_name} {ref_value:{fmt}}" if ref_value else ref_name,
+                 "" if ratio is None else f"{ratio:6.3f}", "" if target is None else f">= {target}", verdict(ok)))
 
 
-def bench_casts(quick):
-    n = (8192, 8192)
-    copy_src = torch.empty(n[0] * n[1] * 4 // 4, dtype=torch.float32, device="cuda")
-    copy_dst = torch.empty_like(copy_src)
-    t = timed(lambda: copy_dst.copy_(copy_src))
-    copy_bw = 2 * copy_src.numel() * 4 / t / 1e9
-    ROWS.append(("copy", "d2d copy 256 MiB", f"{copy_bw:9.1f} GB/s", "", "", "", ""))
+def error_row(kind, what, e: BaseException):
+    ROWS.append((kind, what, f"error: {type(e).__name__}: {e}"[:150], "", "", "", "DRY" if DRY else "FAIL"))
+
+
+# ---- casts ----------------------------------------------------------------------------
+
+def bench_casts(n, quick):
+    src = torch.empty(n * n, dtype=torch.float32, device=DEV)
+    dst = torch.empty_like(src)
+    t = timed(lambda: dst.copy_(src))
+    copy_bw = 2 * src.numel() * 4 / t / 1e9
+    ROWS.append(("copy", f"d2d copy {src.numel() * 4 >> 20} MiB", f"{copy_bw:9.1f} GB/s", "", "", "", ""))
     for dt in (torch.bfloat16, torch.float32):
-        x = torch.randn(n, device="cuda").to(dt)
-        esz = x.element_size()
-        s = torch.tensor(2.0, device="cuda")
-        ne = x.numel()
-        t = timed(lambda: ops.cast(x, s, E4, 0, True, False, 0, 0, True, False))
-        row("cast", f"cast+amax {dt} {n}", ne * (esz + 1) / t / 1e9, "GB/s", "copy", copy_bw, 0.85)
-        t = timed(lambda: ops.cast(x, s, E4, 0, True, False, 0, 0, True, True))
-        row("cast", f"cast+T+amax {dt} {n}", ne * (esz + 2) / t / 1e9, "GB/s", "copy", copy_bw, 0.85)
-        if not quick:
-            t = timed(lambda: ops.cast(x, s, E4, 0, True, True, 1, 0, True, False))
-            row("cast", f"cast SR {dt}", ne * (esz + 1) / t / 1e9, "GB/s", "copy", copy_bw)
-            for g, name in ((0, "tensor"), (2, "1x128"), (3, "128x128")):
-                t = timed(lambda: ops.quantize_current(x, E4, g, 0, False, 0.0, True, False, 0, 0, True, False))
-                reads = 2 if g in (0, 3) else 1
-                row("cast", f"quantize_current {name} {dt}", ne * (reads * esz + 1) / t / 1e9, "GB/s", "copy",
-                    copy_bw)
-            t = timed(lambda: ops.amax(x, 0))
-            row("cast", f"amax {dt}", ne * esz / t / 1e9, "GB/s", "copy", copy_bw)
+        x = torch.randn(n, n, device=DEV).to(dt)
+        esz, ne = x.element_size(), x.numel()
+        s = torch.tensor(2.0, device=DEV)
+        t = timed(lambda: _ops.cast(x, s, E4, 0, True, False, 0, 0, True, False))
+        row("cast", f"cast+amax {dt} {n}x{n}", ne * (esz + 1) / t / 1e9, "GB/s", "copy", copy_bw, 0.85)
+        t = timed(lambda: _ops.cast(x, s, E4, 0, True, False, 0, 0, True, True))
+        row("cast", f"cast+T+amax {dt} {n}x{n}", ne * (esz + 2) / t / 1e9, "GB/s", "copy", copy_bw, 0.85)
+        if quick:
+            continue
+        t = timed(lambda: _ops.cast(x, s, E4, 0, True, True, 1, 0, True, False))
+        row("cast", f"  cast SR {dt}", ne * (esz + 1) / t / 1e9, "GB/s", "copy", copy_bw)
+        for g, name in ((0, "tensor"), (2, "1x128"), (3, "128x128")):
+            t = timed(lambda: _ops.quantize_current(x, E4, g, 0, False, 0.0, True, False, 0, 0, True, False))
+            reads = 2 if g in (0, 3) else 1
+            row("cast", f"  quantize_current {name} {dt}", ne * (reads * esz + 1) / t / 1e9, "GB/s", "copy",
+                copy_bw)
+        t = timed(lambda: _ops.amax(x, 0))
+        row("cast", f"  amax {dt}", ne * esz / t / 1e9, "GB/s", "copy", copy_bw)
 
 
-def bench_gemm(quick):
-    shapes = [(4096, 4096, 4096), (8192, 8192, 8192)]
-    if not quick:
-        shapes += [(8192, 4096, 14336), (8192, 14336, 4096), (4096, 12288, 4096), (16384, 8192, 8192)]
-    for M, N, K in shapes:
-        a = (torch.randn(M, K, device="cuda")).to(E4)
-        b = (torch.randn(N, K, device="cuda")).to(E4).t()
-        s = torch.tensor(1.0, device="cuda")
-        fl = 2.0 * M * N * K
-        t_ours = timed(lambda: ops.scaled_mm(a, b, s, s, None, torch.bfloat16, "fp32", 128), iters=10)
-        t_ref = timed(lambda: torch._scaled_mm(a, b, scale_a=s, scale_b=s, out_dtype=torch.bfloat16), iters=10)
-        ab, bb = torch.randn(M, K, device="cuda", dtype=torch.bfloat16), torch.randn(K, N, device="cuda",
-                                                                                     dtype=torch.bfloat16)
-        t_bf = timed(lambda: torch.mm(ab, bb), iters=10)
-        row("gemm", f"scaled_mm {M}x{N}x{K} tensor", fl / t_ours / 1e12, "TFLOP/s", "_scaled_mm",
-            fl / t_ref / 1e12, 0.95)
-        row("gemm", f"  (bf16 torch.mm {M}x{N}x{K})", fl / t_bf / 1e12, "TFLOP/s", "", 0.0)
-        if not quick and (M, N, K) == (8192, 8192, 8192):
-            sa, sb = torch.rand(M, 1, device="cuda") + 0.5, torch.rand(1, N, device="cuda") + 0.5
-            t_r = timed(lambda: ops.scaled_mm(a, b, sa, sb, None, torch.bfloat16, "fp32", 128), iters=10)
-            row("gemm", f"scaled_mm {M}^3 row-wise", fl / t_r / 1e12, "TFLOP/s", "_scaled_mm tensor",
-                fl / t_ref / 1e12)
-            kb = K // 128
-            sa, sb = torch.rand(M, kb, device="cuda") + 0.5, torch.rand(kb, N // 128, device="cuda") + 0.5
-            try:
-                t_b = timed(lambda: ops.scaled_mm(a, b, sa, sb, None, torch.bfloat16, "fp32", 128), iters=10)
-                row("gemm", f"scaled_mm {M}^3 block 1x128/128x128", fl / t_b / 1e12, "TFLOP/s",
-                    "_scaled_mm tensor", fl / t_ref / 1e12)
-            except Exception as e:  # noqa: BLE001 - report and go on
-                ROWS.append(("gemm", "block scales", f"error: {e}"[:60], "", "", "", "FAIL"))
+# ---- scaled_mm ----------------------------------------------------------------------------
+
+def _scales(kind, m, n, k):
+    if kind == "tensor":
+        return torch.tensor(1.0, device=DEV), torch.tensor(1.0, device=DEV)
+    if kind == "row":
+        return torch.rand(m, 1, device=DEV) + 0.5, torch.rand(1, n, device=DEV) + 0.5
+    kb = -(-k // 128)
+    return torch.rand(m, kb, device=DEV) + 0.5, torch.rand(kb, -(-n // 128), device=DEV) + 0.5
 
 
-def bench_linear(quick):
-    M = N = K = 8192
-    lin = torch.nn.Linear(K, N, device="cuda", dtype=torch.bfloat16)
-    f8 = fp8mix.Linear.from_linear(lin)
-    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
-    rec = fp8mix.recipe.DelayedScaling(amax_history_len=16)
-
-    def step_bf16():
-        lin(x).backward(dy)
-
-    def step_fp8():
-        with fp8mix.fp8_autocast(enabled=True, fp8_recipe=rec):
-            y = f8(x)
-        y.backward(dy)
-
-    t_bf = timed(step_bf16, iters=5)
-    try:
-        t_f8 = timed(step_fp8, iters=5)
-    except Exception as e:  # noqa: BLE001
-        ROWS.append(("linear", "fp8mix.Linear fwd+bwd", f"error: {e}"[:60], "", "", "", "FAIL"))
-        return
-    # reported as speed (1/time) so that the ratio reads "times faster"
-    row("linear", f"Linear fwd+bwd {M}x{N}x{K} ms", t_f8 * 1e3, "ms", "nn.Linear bf16 ms", t_bf * 1e3)
-    ratio = t_bf / t_f8
-    ROWS.append(("linear", "  speed-up vs bf16", f"{ratio:9.3f} x", "", "", ">= 1.3", "PASS" if ratio >= 1.3 else
-                 "FAIL"))
-
-
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
-    args = ap.parse_args()
-    if not torch.cuda.is_available():
-        print("no GPU: nothing to benchmark")
-        return 0
-    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  CUDA {torch.version.cuda}")
-    for part in (bench_casts, bench_gemm, bench_linear):
+def _torch_ref(kind, a, b, sa, sb):
+    """torch._scaled_mm with the same kind of scales, or None when this torch lacks it."""
+    cands = [(sa, sb)]
+    if kind == "block":  # torch's block-wise layouts: (M, K/128) outer-dim-major scale_a
+        cands.append((sa.t().contiguous().t(), sb.t().contiguous().t()))
+    for xa, xb in cands:
         try:
-            part(args.quick)
-        except Exception as e:  # noqa: BLE001 - one failing part must not hide the others
-            ROWS.append((part.__name__, "error", str(e)[:80], "", "", "", "FAIL"))
+            fn = lambda: torch._scaled_mm(a, b, scale_a=xa, scale_b=xb, out_dtype=torch.bfloat16)  # noqa: E731
+            fn()
+            return fn
+        except (RuntimeError, ValueError, NotImplementedError):
+            continue
+    return None
+
+
+def bench_gemm(shapes):
+    for m, n, k in shapes:
+        a = torch.randn(m, k, device=DEV).to(E4)
+        b = torch.randn(n, k, device=DEV).to(E4).t()
+        fl = 2.0 * m * n * k
+        ab, bb = (torch.randn(m, k, device=DEV, dtype=torch.bfloat16),
+                  torch.randn(k, n, device=DEV, dtype=torch.bfloat16))
+        t_bf = timed(lambda: torch.mm(ab, bb), iters=10)
+        ROWS.append(("gemm", f"bf16 torch.mm {m}x{n}x{k}", f"{fl / t_bf / 1e12:9.1f} TFLOP/s", "", "", "", ""))
+        for kind in ("tensor", "row", "block"):
+            sa, sb = _scales(kind, m, n, k)
+            what = f"scaled_mm {m}x{n}x{k} {kind}"
+            try:
+                t = timed(lambda: _ops.scaled_mm(a, b, sa, sb, None, torch.bfloat16, "fp32", 128), iters=10)
+            except Exception as e:  # noqa: BLE001 - report and go on
+                error_row("gemm", what, e)
+                continue
+            ref = _torch_ref(kind, a, b, sa, sb)
+            if ref is None:
+                row("gemm", what + " (no torch ref)", fl / t / 1e12, "TFLOP/s", "bf16 mm", fl / t_bf / 1e12)
+            else:
+                t_ref = timed(ref, iters=10)
+                row("gemm", what, fl / t / 1e12, "TFLOP/s", "_scaled_mm", fl / t_ref / 1e12, 0.95)
+
+
+# ---- fp8mix.Linear --------------------------------------------------------------------
+
+def _torchao_linear(lin):
+    try:
+        import copy
+
+        from torchao.float8 import convert_to_float8_training
+    except Exception:  # noqa: BLE001 - torchao missing or broken: no comparison
+        return None
+    mod = torch.nn.Sequential(copy.deepcopy(lin))
+    convert_to_float8_training(mod)
+    return mod
+
+
+def bench_linear(sizes, target_size):
+    rec = fp8mix.recipe.DelayedScaling(amax_history_len=16)
+    for n in sizes:
+        lin = torch.nn.Linear(n, n, device=DEV, dtype=torch.bfloat16)
+        f8 = fp8mix.Linear.from_linear(lin)
+        x = torch.randn(n, n, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+        dy = torch.randn(n, n, device=DEV, dtype=torch.bfloat16)
+
+        def step_fp8():
+            with fp8mix.fp8_autocast(enabled=True, fp8_recipe=rec):
+                y = f8(x)
+            y.backward(dy)
+
+        t_bf = timed(lambda: lin(x).backward(dy), iters=5)
+        try:
+            t_f8 = timed(step_fp8, iters=5)
+        except Exception as e:  # noqa: BLE001
+            error_row("linear", f"fp8mix.Linear fwd+bwd {n}^3", e)
+            continue
+        ROWS.append(("linear", f"nn.Linear bf16 fwd+bwd {n}^3", f"{t_bf * 1e3:9.3f} ms", "", "", "", ""))
+        # speed-ups: reference time / fp8mix time
+        row("linear", f"fp8mix.Linear fwd+bwd {n}^3 ({t_f8 * 1e3:.3f} ms)", t_bf / t_f8, "x", "vs bf16", 1.0,
+            1.3 if n == target_size else None, fmt="9.3f")
+        ao = _torchao_linear(lin)
+        if ao is None:
+            ROWS.append(("linear", f"  torchao Float8Linear {n}^3", "not importable", "", "", "", ""))
+            continue
+        try:
+            t_ao = timed(lambda: ao(x).backward(dy), iters=5)
+            row("linear", f"  vs torchao Float8Linear {n}^3 ({t_ao * 1e3:.3f} ms)", t_ao / t_f8, "x",
+                "torchao", 1.0, fmt="9.3f")
+        except Exception as e:  # noqa: BLE001
+            error_row("linear", f"  torchao Float8Linear {n}^3", e)
+
+
+# ---- launches per layer step ---------------------------------------------------------------
+
+class OpCounter(TorchDispatchMode):
+    """Counts dispatched ops that are not views (each one is a kernel launch on a GPU)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: dict[str, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not getattr(func, "is_view", False) and func.__name__ not in ("detach.default", "lift_fresh.default"):
+            name = str(func.overloadpacket.__name__)
+            self.ops[name] = self.ops.get(name, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+def _kernels(fn) -> int | None:
+    """CUDA kernels, memsets and copies one call of fn launches (torch.profiler), or None."""
+    if DRY:
+        return None
+    try:
+        from torch.profiler import ProfilerActivity, profile
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    except Exception:  # noqa: BLE001 - no CUPTI: no kernel count
+        return None
+
+
+def bench_launches(n):
+    recipes = {"delayed": (fp8mix.recipe.DelayedScaling(), 10), "current": (fp8mix.recipe.CurrentScaling(), 10),
+               "block": (fp8mix.recipe.BlockScaling(), 12)}
+    for name, (rec, target) in recipes.items():
+        lin = fp8mix.Linear(n, n, device=DEV, dtype=torch.bfloat16)
+        x = torch.randn(n, n, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+
+        def step():
+            lin.zero_grad(set_to_none=True)  # as a training step does: no gradient accumulation
+            x.grad = None
+            with fp8mix.fp8_autocast(enabled=True, fp8_recipe=rec):
+                y = lin(x)
+            y.backward(torch.ones_like(y))
+
+        for _ in range(3):  # steady state (delayed scaling's history filled, caches warm)
+            step()
+        cnt = OpCounter()
+        with cnt:
+            step()
+        total = sum(cnt.ops.values()) - 1  # minus ones_like, the test's own dy
+        kern = _kernels(step)
+        top = ", ".join(f"{k} {v}" for k, v in sorted(cnt.ops.items(), key=lambda kv: -kv[1])[:6])
+        ROWS.append(("launch", f"Linear {name} fwd+bwd ops [{top}]"[:110], f"{total:9d} ops",
+                     "" if kern is None else f"CUDA kernels {kern}", "", f"<= {target}",
+                     verdict(total <= target)))
+
+
+# ---- the table -------------------------------------------------------------------------------
+
+def print_table(rows) -> None:
     head = ("kind", "what", "value", "reference", "ratio", "target", "")
-    w = [max(len(str(r[i])) for r in ROWS + [head]) for i in range(len(head))]
-    for r in [head] + ROWS:
-        print("  ".join(str(c).ljust(w[i]) for i, c in enumerate(r)))
-    return 1 if any(r[-1] == "FAIL" for r in ROWS) else 0
+    w = [max(len(str(r[i])) for r in list(rows) + [head]) for i in range(len(head))]
+    for r in [head] + list(rows):
+        print("  ".join(str(c).ljust(w[i]) for i, c in enumerate(r)).rstrip())
+
+
+def load_rows(path):
+    out = []
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.strip():
+                    r = json.loads(line)
+                    out.append(tuple(r.get(k, "") for k in ("kind", "what", "value", "reference", "ratio", "target",
+                                                            "verdict")))
+    except FileNotFoundError:
+        pass
+    return out
+
+
+def main() -> int:
+    global DEV, DRY
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="fewer cast modes and GEMM kinds")
+    ap.add_argument("--dry-run", action="store_true", help="run every part on the CPU with tiny shapes")
+    ap.add_argument("--rows", help="JSON-lines file of rows measured earlier (gpu_check.sh), shown first")
+    ap.add_argument("--json", help="write the table's rows here as JSON")
+    ap.add_argument("--table-only", action="store_true", help="print the --rows table, measure nothing")
+    args = ap.parse_args()
+    if args.table_only:
+        rows = load_rows(args.rows) if args.rows else []
+        print_table(rows)
+        return 1 if any(r[-1] == "FAIL" for r in rows) else 0
+    DRY = args.dry_run
+    if DRY:
+        DEV = "cpu"
+        torch.set_num_threads(1)
+    elif not torch.cuda.is_available():
+        print("bench_gpu.py: no GPU (torch.cuda.is_available() is False); use --dry-run to exercise it on the CPU")
+        return 3
+    else:
+        print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  CUDA {torch.version.cuda}")
+    parts = [(bench_casts, (64 if DRY else 8192, args.quick)),
+             (bench_gemm, ([(64, 64, 256)] if DRY else [(4096, 4096, 4096), (8192, 8192, 8192)],)),
+             (bench_linear, ([64] if DRY else [4096, 8192], 64 if DRY else 8192)),
+             (bench_launches, (64 if DRY else 1024,))]
+    for part, pargs in parts:
+        try:
+            part(*pargs)
+        except Exception as e:  # noqa: BLE001 - one failing part must not hide the others
+            error_row(part.__name__, "error", e)
+    rows = load_rows(args.rows) + ROWS if args.rows else ROWS
+    print_table(rows)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([dict(zip(("kind", "what", "value", "reference", "ratio", "target", "verdict"), r))
+                       for r in rows], f, indent=1)
+    return 1 if any(r[-1] == "FAIL" for r in rows) else 0
 
 
 if __name__ == "__main__":

@@ -627,12 +627,18 @@ void set_max_isa(std::string name)
 #ifdef FP8MIX_WITH_CUDA
 // ---- CUDA implementations ---------------------------------------------------
 // The same ops on CUDA tensors: every tensor must be on x's device; work is
-// enqueued on the current stream (at::cuda::getCurrentCUDAStream) and nothing
+// enqueued on the current stream (c10::cuda::getCurrentCUDAStream) and nothing
 // syncs with the host, except the optional scale check (env
-// FP8MIX_CUDA_CHECK_SCALES=1: reads a device status flag, one sync per call).
-// The kernels (csrc/cuda) are bit-identical to the CPU ones; scaled_mm runs on
-// cuBLASLt and agrees with the CPU up to summation order.
+// FP8MIX_CUDA_CHECK_SCALES=1, read once: reads a device status flag, one sync per
+// call).  The kernels (csrc/cuda) are bit-identical to the CPU ones; scaled_mm
+// runs on cuBLASLt, whose layout rules live in fp8mix_mm_layout_plan (this file
+// only checks tensors, allocates what the plan asks for and calls), and agrees
+// with the CPU up to summation order.  A GEMM cuBLASLt refuses (device, shape,
+// library version) raises NotImplementedError starting with kRefused, so that
+// Python can fall back to torch._scaled_mm (fp8mix/cuda/fallback.py).
 namespace {
+
+constexpr const char *kRefused = "fp8mix.scaled_mm: refused by cuBLASLt: ";
 
 void check_cuda_status(fp8mix_status st, const char *op, const char *what = nullptr)
 {
@@ -643,27 +649,24 @@ void check_cuda_status(fp8mix_status st, const char *op, const char *what = null
     check_status(st, op, w.empty() ? nullptr : w.c_str());
 }
 
-// Options the CPU kernels have and these CUDA kernels do not yet: refuse loudly
-// rather than compute other bytes than the CPU oracle.
-void cuda_not_yet(const char *op, bool inf_to_nan, const c10::optional<at::Tensor> &rng)
-{
-    TORCH_CHECK_NOT_IMPLEMENTED(!inf_to_nan, "fp8mix.", op, ": inf_to_nan is not implemented on CUDA yet");
-    TORCH_CHECK_NOT_IMPLEMENTED(!(rng.has_value() && rng->defined()), "fp8mix.", op,
-                                ": rng tensors (stochastic-rounding streams) are not implemented on CUDA yet");
-}
-
 void require_cuda(const at::Tensor &t, const char *op, const char *name)
 {
     TORCH_CHECK_VALUE(t.is_cuda(), "fp8mix.", op, ": ", name, " is on ", t.device(),
                       " but the other tensors are on CUDA (move them to one device)");
 }
 
-
-bool scale_checks_enabled()
+// FP8MIX_CUDA_CHECK_SCALES is read once per process (a getenv per op call would
+// cost more than some kernels); cuda_set_check_scales changes it at run time.
+std::atomic<int> &scale_checks_flag()
 {
-    const char *e = std::getenv("FP8MIX_CUDA_CHECK_SCALES");
-    return e && *e && std::strcmp(e, "0") != 0;
+    static std::atomic<int> on{[] {
+        const char *e = std::getenv("FP8MIX_CUDA_CHECK_SCALES");
+        return e && *e && std::strcmp(e, "0") != 0 ? 1 : 0;
+    }()};
+    return on;
 }
+
+bool scale_checks_enabled() { return scale_checks_flag().load() != 0; }
 
 // Device flag for invalid scales: allocated only when checks are enabled.
 struct ScaleFlag {
@@ -679,6 +682,39 @@ struct ScaleFlag {
     }
 };
 
+cudaStream_t cur_stream() { return c10::cuda::getCurrentCUDAStream(); }
+
+// Tensor-held stochastic-rounding streams are not in the CUDA kernels yet: refuse
+// loudly rather than compute other bytes than the CPU oracle.
+void cuda_no_rng(const char *op, const c10::optional<at::Tensor> &rng)
+{
+    TORCH_CHECK_NOT_IMPLEMENTED(!(rng.has_value() && rng->defined()), "fp8mix.", op,
+                                ": rng tensors (stochastic-rounding streams) are not implemented on CUDA yet");
+}
+
+// The cast ops with every option of fp8mix_cast_opts; the registered signatures
+// below follow the schema (inf_to_nan is false until the schema carries it).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> cast_cuda_opts(const at::Tensor &x, const at::Tensor &scale,
+                                                              at::ScalarType fp8_dtype, int64_t gran, bool saturate,
+                                                              bool stochastic, int64_t seed, int64_t offset,
+                                                              bool want_q, bool transpose, bool inf_to_nan)
+{
+    const char *op = "cast";
+    require_cuda(x, op, "x");
+    c10::cuda::CUDAGuard guard(x.device());
+    CastPrep c = prepare_cast(op, x, fp8_dtype, gran, saturate, stochastic, seed, offset, want_q, transpose);
+    c.o.inf_to_nan = inf_to_nan ? 1 : 0;
+    const View2D &v = c.v;
+    at::Tensor s = scale_arg(scale, scale_count(c.g, v.rows, v.cols), x.device(), op, "scale");
+    at::Tensor amax = at::empty({}, x.options().dtype(at::kFloat));
+    ScaleFlag flag(x);
+    check_cuda_status(fp8mix_cuda_cast(v.t.data_ptr(), c.xt, v.rows, v.cols, v.ld, c.g, s.data_ptr<float>(),
+                                       c.q_ptr(), ld_of(v.cols), c.qt_ptr(), ld_of(v.rows), amax.data_ptr<float>(),
+                                       flag.ptr(), &c.o, cur_stream()),
+                      op);
+    flag.check(op, "scale must be finite and > 0");
+    return {c.q, c.qt, amax};
+}
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> cast_cuda(const at::Tensor &x, const at::Tensor &scale,
                                                          at::ScalarType fp8_dtype, int64_t gran, bool saturate,
@@ -686,22 +722,35 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cast_cuda(const at::Tensor &x, co
                                                          bool want_q, bool transpose, bool inf_to_nan,
                                                          const c10::optional<at::Tensor> &rng, int64_t rng_skip)
 {
-    const char *op = "cast";
+    (void)rng_skip;
+    cuda_no_rng("cast", rng);
+    return cast_cuda_opts(x, scale, fp8_dtype, gran, saturate, stochastic, seed, offset, want_q, transpose,
+                          inf_to_nan);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+quantize_current_cuda_opts(const at::Tensor &x, at::ScalarType fp8_dtype, int64_t gran, int64_t margin, bool pow2,
+                           double eps, bool saturate, bool stochastic, int64_t seed, int64_t offset, bool want_q,
+                           bool transpose, bool inf_to_nan)
+{
+    const char *op = "quantize";
     require_cuda(x, op, "x");
-    cuda_not_yet(op, inf_to_nan, rng);
     c10::cuda::CUDAGuard guard(x.device());
+    check_margin_eps(op, margin, eps);
     CastPrep c = prepare_cast(op, x, fp8_dtype, gran, saturate, stochastic, seed, offset, want_q, transpose);
+    c.o.inf_to_nan = inf_to_nan ? 1 : 0;
     const View2D &v = c.v;
-    at::Tensor s = scale_arg(scale, scale_count(c.g, v.rows, v.cols), x.device(), op, "scale");
-    at::Tensor amax = at::empty({}, x.options().dtype(at::kFloat));
-    ScaleFlag flag(x);
-    check_cuda_status((fp8mix_cuda_clear_error(),
-                       fp8mix_cuda_cast(v.t.data_ptr(), c.xt, v.rows, v.cols, v.ld, c.g, s.data_ptr<float>(), c.q_ptr(),
-                                        ld_of(v.cols), c.qt_ptr(), ld_of(v.rows), amax.data_ptr<float>(), flag.ptr(),
-                                        &c.o, c10::cuda::getCurrentCUDAStream())),
+    auto sshape = scale_shape(x, c.g, v.rows, v.cols);
+    // Every entry is written by the launcher (n > 0), so no fill is needed.
+    at::Tensor sinv = at::empty(sshape, x.options().dtype(at::kFloat));
+    at::Tensor amax = at::empty(sshape, x.options().dtype(at::kFloat));
+    if (scale_count(c.g, v.rows, v.cols) == 0) return {c.q, c.qt, sinv, amax};
+    check_cuda_status(fp8mix_cuda_quantize_current(v.t.data_ptr(), c.xt, v.rows, v.cols, v.ld, c.g, (int)margin,
+                                                   pow2 ? 1 : 0, (float)eps, c.q_ptr(), ld_of(v.cols), c.qt_ptr(),
+                                                   ld_of(v.rows), sinv.data_ptr<float>(), amax.data_ptr<float>(),
+                                                   &c.o, cur_stream()),
                       op);
-    flag.check(op, "scale must be finite and > 0");
-    return {c.q, c.qt, amax};
+    return {c.q, c.qt, sinv, amax};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
@@ -709,25 +758,10 @@ quantize_current_cuda(const at::Tensor &x, at::ScalarType fp8_dtype, int64_t gra
                       double eps, bool saturate, bool stochastic, int64_t seed, int64_t offset, bool want_q,
                       bool transpose, bool inf_to_nan, const c10::optional<at::Tensor> &rng, int64_t rng_skip)
 {
-    const char *op = "quantize";
-    require_cuda(x, op, "x");
-    cuda_not_yet(op, inf_to_nan, rng);
-    c10::cuda::CUDAGuard guard(x.device());
-    check_margin_eps(op, margin, eps);
-    CastPrep c = prepare_cast(op, x, fp8_dtype, gran, saturate, stochastic, seed, offset, want_q, transpose);
-    const View2D &v = c.v;
-    auto sshape = scale_shape(x, c.g, v.rows, v.cols);
-    // Every entry is written by the launcher (n > 0), so no fill is needed.
-    at::Tensor sinv = at::empty(sshape, x.options().dtype(at::kFloat));
-    at::Tensor amax = at::empty(sshape, x.options().dtype(at::kFloat));
-    if (scale_count(c.g, v.rows, v.cols) == 0) return {c.q, c.qt, sinv, amax};
-    check_cuda_status((fp8mix_cuda_clear_error(),
-                       fp8mix_cuda_quantize_current(v.t.data_ptr(), c.xt, v.rows, v.cols, v.ld, c.g, (int)margin,
-                                                    pow2 ? 1 : 0, (float)eps, c.q_ptr(), ld_of(v.cols), c.qt_ptr(),
-                                                    ld_of(v.rows), sinv.data_ptr<float>(), amax.data_ptr<float>(),
-                                                    &c.o, c10::cuda::getCurrentCUDAStream())),
-                      op);
-    return {c.q, c.qt, sinv, amax};
+    (void)rng_skip;
+    cuda_no_rng("quantize", rng);
+    return quantize_current_cuda_opts(x, fp8_dtype, gran, margin, pow2, eps, saturate, stochastic, seed, offset,
+                                      want_q, transpose, inf_to_nan);
 }
 
 at::Tensor amax_cuda(const at::Tensor &x, int64_t gran)
@@ -740,8 +774,8 @@ at::Tensor amax_cuda(const at::Tensor &x, int64_t gran)
     View2D v = view2d(x);
     at::Tensor out = at::empty(scale_shape(x, g, v.rows, v.cols), x.options().dtype(at::kFloat));
     if (out.numel() == 0) return out;
-    check_cuda_status((fp8mix_cuda_clear_error(), fp8mix_cuda_amax(v.t.data_ptr(), xt, v.rows, v.cols, v.ld, g, out.data_ptr<float>(),
-                                       c10::cuda::getCurrentCUDAStream())),
+    check_cuda_status(fp8mix_cuda_amax(v.t.data_ptr(), xt, v.rows, v.cols, v.ld, g, out.data_ptr<float>(),
+                                       cur_stream()),
                       op);
     return out;
 }
@@ -753,14 +787,12 @@ std::tuple<at::Tensor, at::Tensor> compute_scale_cuda(const at::Tensor &amax, at
     require_cuda(amax, op, "amax");
     c10::cuda::CUDAGuard guard(amax.device());
     TORCH_CHECK_TYPE(amax.scalar_type() == at::kFloat, "fp8mix.compute_scale: amax must be float32");
-    TORCH_CHECK_VALUE(margin >= 0 && margin <= 126, "fp8mix.compute_scale: margin must be in [0, 126], got ",
-                      margin);
-    TORCH_CHECK_VALUE(eps >= 0.0 && std::isfinite(eps), "fp8mix.compute_scale: amax_epsilon must be finite and >= 0");
+    check_margin_eps(op, margin, eps);
     at::Tensor a = amax.contiguous();
     at::Tensor s = at::empty_like(a), si = at::empty_like(a);
-    check_cuda_status((fp8mix_cuda_clear_error(), fp8mix_cuda_compute_scale(a.data_ptr<float>(), a.numel(), fp8_format(fp8_dtype, op),
+    check_cuda_status(fp8mix_cuda_compute_scale(a.data_ptr<float>(), a.numel(), fp8_format(fp8_dtype, op),
                                                 (int)margin, pow2 ? 1 : 0, (float)eps, s.data_ptr<float>(),
-                                                si.data_ptr<float>(), c10::cuda::getCurrentCUDAStream())),
+                                                si.data_ptr<float>(), cur_stream()),
                       op);
     return {s, si};
 }
@@ -777,49 +809,76 @@ at::Tensor dequantize_cuda(const at::Tensor &q, const at::Tensor &scale_inv, int
     at::Tensor s = scale_arg(scale_inv, scale_count(g, v.rows, v.cols), q.device(), op, "scale_inv");
     at::Tensor out = at::empty(q.sizes(), q.options().dtype(out_dtype));
     ScaleFlag flag(q);
-    check_cuda_status((fp8mix_cuda_clear_error(), fp8mix_cuda_dequantize((const uint8_t *)v.t.data_ptr(), fmt, v.rows, v.cols, v.ld, g,
+    check_cuda_status(fp8mix_cuda_dequantize((const uint8_t *)v.t.data_ptr(), fmt, v.rows, v.cols, v.ld, g,
                                              s.data_ptr<float>(), out.data_ptr(), ot, ld_of(v.cols), flag.ptr(),
-                                             c10::cuda::getCurrentCUDAStream())),
+                                             cur_stream()),
                       op);
     flag.check(op, "scale_inv must be finite and > 0");
     return out;
 }
 
-int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
+// ---- scaled_mm --------------------------------------------------------------
 
-// An FP8 matrix (rows x cols, inner stride 1) as cuBLASLt wants it: rows_p x
-// cols_p, row stride a multiple of 16 bytes, 16-byte aligned base.  Returned
-// as is when it already is; otherwise copied into a zero-padded buffer (zero
-// padding along K adds exact zeros; along N it adds output columns that the
-// caller drops).
-at::Tensor pack_fp8(const at::Tensor &t, int64_t rows_p, int64_t cols_p)
+[[noreturn]] void refuse(const std::string &why)
 {
-    const int64_t rows = t.size(0), cols = t.size(1);
-    const bool inner = t.stride(1) == 1 || cols <= 1;
-    const int64_t ld = rows > 1 ? t.stride(0) : cols_p;
-    if (inner && rows == rows_p && cols == cols_p && ld >= cols && ld % 16 == 0 &&
-        ((uintptr_t)t.data_ptr() & 15) == 0)
-        return t;
-    at::Tensor p = at::zeros({rows_p, cols_p}, t.options().dtype(at::kByte));
-    p.narrow(0, 0, rows).narrow(1, 0, cols).copy_(t.view(at::kByte));
-    return p.view(t.scalar_type());
+    TORCH_CHECK_NOT_IMPLEMENTED(false, kRefused, why,
+                                " (fp8mix.cuda.fallback.scaled_mm_fallback runs it on torch._scaled_mm)");
 }
 
-fp8mix_mm_scale mm_scale_kind_cuda(const at::Tensor &s, int64_t outer, bool is_a, bool block_mode,
-                                   const at::Device &dev)
+// The planning problem of one call (addresses only for their alignment).
+fp8mix_mm_problem mm_problem(const at::Tensor &a, const at::Tensor &b, fp8mix_mm_scale ka, fp8mix_mm_scale kb,
+                             const at::Tensor &sa, const at::Tensor &sb, const at::Tensor &bias, fp8mix_dtype bt,
+                             const at::Tensor &out, fp8mix_dtype ot, bool fast_accum)
 {
-    const char *name = is_a ? "scale_a" : "scale_b";
-    TORCH_CHECK_TYPE(s.scalar_type() == at::kFloat, "fp8mix.scaled_mm: ", name, " must be float32, got ",
-                     s.scalar_type());
-    check_on(s, dev, "scaled_mm", name);
-    if (block_mode) return FP8MIX_MM_SCALE_BLOCK;
-    if (s.numel() == 1 && s.dim() <= 2) return FP8MIX_MM_SCALE_TENSOR;
-    if (s.dim() == 2 && (is_a ? (s.size(0) == outer && s.size(1) == 1) : (s.size(0) == 1 && s.size(1) == outer)))
-        return FP8MIX_MM_SCALE_OUTER;
-    TORCH_CHECK_VALUE(false, "fp8mix.scaled_mm: ", name, " has shape ", s.sizes(), "; expected a single value, ",
-                      is_a ? "(M, 1) per row, or (M, ceil(K/128)) per 1x128 block"
-                           : "(1, N) per column, or (ceil(K/128), ceil(N/128)) per 128x128 block");
-    return FP8MIX_MM_SCALE_TENSOR;
+    fp8mix_mm_problem p;
+    std::memset(&p, 0, sizeof p);
+    p.m = a.size(0); p.k = a.size(1); p.n = b.size(1);
+    p.fmt_a = fp8_format(a.scalar_type(), "scaled_mm"); p.fmt_b = fp8_format(b.scalar_type(), "scaled_mm");
+    p.a_stride0 = a.stride(0); p.a_stride1 = a.stride(1);
+    p.b_stride0 = b.stride(0); p.b_stride1 = b.stride(1);
+    p.a_addr = (uint64_t)(uintptr_t)a.data_ptr(); p.b_addr = (uint64_t)(uintptr_t)b.data_ptr();
+    p.scale_a_kind = ka; p.scale_b_kind = kb;
+    p.sa_addr = (uint64_t)(uintptr_t)sa.data_ptr(); p.sb_addr = (uint64_t)(uintptr_t)sb.data_ptr();
+    p.has_bias = bias.defined();
+    p.bias_t = bt;
+    p.bias_addr = bias.defined() ? (uint64_t)(uintptr_t)bias.data_ptr() : 0;
+    p.out_t = ot;
+    p.out_addr = (uint64_t)(uintptr_t)out.data_ptr();
+    p.fast_accum = fast_accum;
+    return p;
+}
+
+// Plan, allocate the plan's scratch, run; refusals become NotImplementedError(kRefused...).
+void scaled_mm_cuda_run(fp8mix_mm_problem &pr, const at::Tensor &a, const at::Tensor &b, const at::Tensor &sa,
+                        const at::Tensor &sb, const at::Tensor &bias, at::Tensor &out)
+{
+    const char *op = "scaled_mm";
+    fp8mix_mm_plan pl;
+    fp8mix_status st = fp8mix_cuda_scaled_mm_plan(&pr, &pl);
+    if (st == FP8MIX_ERR_UNSUPPORTED)
+        refuse(std::string(fp8mix_mm_rule_string(pl.rule)) + " (device sm_" + std::to_string(pr.sm) +
+               ", cuBLASLt " + std::to_string(pr.blas_version) + ")");
+    check_cuda_status(st, op, pl.rule != FP8MIX_MM_RULE_OK ? fp8mix_mm_rule_string(pl.rule) : nullptr);
+    if (pl.copy_a == FP8MIX_MM_COPY_TRANSPOSE || pl.copy_b == FP8MIX_MM_COPY_TRANSPOSE)
+        TORCH_WARN_ONCE("fp8mix.scaled_mm (CUDA): an operand is not K-contiguous (a must be row-major (M, K), b "
+                        "column-major (K, N), e.g. w.t() of a row-major (N, K) weight), so it is transposed with a "
+                        "copy for cuBLASLt. Pass the FP8 transpose (cast with transpose=True) to avoid the pass.");
+    at::Tensor scratch = at::empty({(int64_t)pl.scratch_bytes}, a.options().dtype(at::kByte));
+    fp8mix_cuda_scaled_mm_args x;
+    std::memset(&x, 0, sizeof x);
+    x.problem = &pr;
+    x.plan = &pl;
+    x.a = (const uint8_t *)a.data_ptr();
+    x.b = (const uint8_t *)b.data_ptr();
+    x.scale_a = sa.data_ptr<float>();
+    x.scale_b = sb.data_ptr<float>();
+    x.bias = bias.defined() ? bias.data_ptr() : nullptr;
+    x.out = out.data_ptr();
+    x.scratch = scratch.data_ptr();
+    x.scratch_bytes = pl.scratch_bytes;
+    st = fp8mix_cuda_scaled_mm(&x, cur_stream());
+    if (st == FP8MIX_ERR_UNSUPPORTED) refuse(fp8mix_cuda_last_error());
+    check_cuda_status(st, op);
 }
 
 at::Tensor scaled_mm_cuda(const at::Tensor &a, const at::Tensor &b, const at::Tensor &scale_a,
@@ -827,8 +886,6 @@ at::Tensor scaled_mm_cuda(const at::Tensor &a, const at::Tensor &b, const at::Te
                           c10::optional<at::ScalarType> out_dtype, c10::string_view accumulate,
                           int64_t promote_interval, int64_t scale_kind_a, int64_t scale_kind_b)
 {
-    (void)scale_kind_a; // the CUDA path infers the layouts from the shapes, which agree with the kinds
-    (void)scale_kind_b;
     const char *op = "scaled_mm";
     require_cuda(a, op, "a");
     c10::cuda::CUDAGuard guard(a.device());
@@ -843,16 +900,16 @@ at::Tensor scaled_mm_cuda(const at::Tensor &a, const at::Tensor &b, const at::Te
     TORCH_CHECK_VALUE(!(fa == FP8MIX_E5M2 && fb == FP8MIX_E5M2),
                       "fp8mix.scaled_mm: E5M2 x E5M2 is not supported by FP8 tensor cores (CUDA); "
                       "use E4M3 for one operand (it runs on CPU)");
-    at::ScalarType odt = out_dtype.value_or(at::kFloat);
-    fp8mix_dtype ot = hp_dtype(odt, op);
+    const at::ScalarType odt = out_dtype.value_or(at::kFloat);
+    const fp8mix_dtype ot = hp_dtype(odt, op);
     TORCH_CHECK_VALUE(accumulate == "fp32" || accumulate == "fp22",
                       "fp8mix.scaled_mm: accumulate must be 'fp32' or 'fp22', got '", std::string(accumulate), "'");
     TORCH_CHECK_VALUE(promote_interval >= 0, "fp8mix.scaled_mm: promote_interval must be >= 0");
-    const int64_t kb = (K + 127) / 128, nb = (N + 127) / 128;
-    bool block_mode = scale_a.dim() == 2 && scale_b.dim() == 2 && scale_a.size(0) == M && scale_a.size(1) == kb &&
-                      scale_b.size(0) == kb && scale_b.size(1) == nb && !(scale_a.numel() == 1 && scale_b.numel() == 1);
-    fp8mix_mm_scale ka = mm_scale_kind_cuda(scale_a, M, true, block_mode, dev);
-    fp8mix_mm_scale kbk = mm_scale_kind_cuda(scale_b, N, false, block_mode, dev);
+    TORCH_CHECK_VALUE((scale_kind_a < 0) == (scale_kind_b < 0), "fp8mix.scaled_mm: give both scale kinds or none");
+    const int64_t kb = (K + 127) / 128, mb = (M + 127) / 128, nb = (N + 127) / 128;
+    const bool block_mode = is_block_mode(scale_a, scale_b, M, kb, nb, scale_kind_a);
+    const fp8mix_mm_scale ka = mm_scale_kind(scale_a, scale_kind_a, M, kb, mb, true, block_mode, dev);
+    const fp8mix_mm_scale kbk = mm_scale_kind(scale_b, scale_kind_b, N, kb, nb, false, block_mode, dev);
     at::Tensor bias_t;
     fp8mix_dtype bt = FP8MIX_F32;
     if (bias.has_value() && bias->defined()) {
@@ -869,76 +926,11 @@ at::Tensor scaled_mm_cuda(const at::Tensor &a, const at::Tensor &b, const at::Te
         if (bias_t.defined()) out.copy_(bias_t.to(at::kFloat).unsqueeze(0).expand({M, N}));
         return out;
     }
-    // Operands in cuBLASLt's "TN" layout, K and N padded to multiples of 16.
-    const int64_t Kp = round_up(K, 16), Np = round_up(N, 16);
-    at::Tensor a2 = pack_fp8(a, M, Kp);
-    at::Tensor bt_rows = b.t(); // (N, K): row-major when b is column-major (torch's w.t())
-    if (!(bt_rows.stride(1) == 1 || K <= 1)) {
-        TORCH_WARN_ONCE("fp8mix.scaled_mm (CUDA): b is row-major (K, N); cuBLASLt FP8 needs it column-major "
-                        "(K-contiguous, e.g. w.t() of a row-major (N, K) weight), so it is transposed with a copy. "
-                        "Pass the FP8 transpose (cast with transpose=True) to avoid the extra pass.");
-        bt_rows = bt_rows.contiguous();
-    }
-    at::Tensor b2 = pack_fp8(bt_rows, Np, Kp);
-    // Scales in the layouts cuBLASLt reads.
-    at::Tensor sa, sb;
-    if (ka == FP8MIX_MM_SCALE_BLOCK) {
-        const int64_t Mp4 = round_up(M, 4), kbp = round_up(kb, 4), nbp = (Np + 127) / 128;
-        sa = at::ones({kb, Mp4}, scale_a.options());
-        sa.narrow(1, 0, M).copy_(scale_a.t());
-        sb = at::ones({nbp, kbp}, scale_b.options());
-        sb.narrow(0, 0, nb).narrow(1, 0, kb).copy_(scale_b.t());
-    } else if (ka == FP8MIX_MM_SCALE_TENSOR && kbk == FP8MIX_MM_SCALE_TENSOR) {
-        sa = scale_a.reshape({1}).contiguous();
-        sb = scale_b.reshape({1}).contiguous();
-    } else { // row-wise (a TENSOR partner is expanded)
-        sa = scale_a.reshape({-1}).expand({M}).contiguous();
-        sb = at::ones({Np}, scale_b.options());
-        sb.narrow(0, 0, N).copy_(scale_b.reshape({-1}).expand({N}));
-        ka = kbk = FP8MIX_MM_SCALE_OUTER;
-    }
-    at::Tensor biasp = bias_t;
-    if (bias_t.defined() && Np != N) {
-        biasp = at::zeros({Np}, bias_t.options());
-        biasp.narrow(0, 0, N).copy_(bias_t);
-    }
-    at::Tensor outp = Np == N ? out : at::empty({M, Np}, out.options());
-    at::Tensor ws = at::empty({(int64_t)(32u << 20)}, a.options().dtype(at::kByte));
-    fp8mix_cuda_gemm_args g;
-    std::memset(&g, 0, sizeof g);
-    g.m = M; g.n = Np; g.k = Kp;
-    g.a = (const uint8_t *)a2.data_ptr(); g.fmt_a = fa; g.lda = M > 1 ? a2.stride(0) : Kp;
-    g.b = (const uint8_t *)b2.data_ptr(); g.fmt_b = fb; g.ldb = b2.stride(0);
-    g.scale_a = sa.data_ptr<float>(); g.scale_a_kind = ka;
-    g.scale_b = sb.data_ptr<float>(); g.scale_b_kind = kbk;
-    g.out_t = ot;
-    g.fast_accum = accumulate == "fp22" && ka != FP8MIX_MM_SCALE_BLOCK;
-    g.workspace = ws.data_ptr();
-    g.workspace_size = (size_t)ws.numel();
-    auto stream = c10::cuda::getCurrentCUDAStream();
-    fp8mix_status st = FP8MIX_ERR_UNSUPPORTED;
-    if (biasp.defined() && fp8mix_cuda_gemm_bias_in_epilogue(bt, ot, ka)) {
-        g.bias = biasp.data_ptr(); g.bias_t = bt;
-        g.out = outp.data_ptr(); g.ldo = Np;
-        fp8mix_cuda_clear_error();
-        st = fp8mix_cuda_gemm(&g, stream);
-        if (st == FP8MIX_OK) return Np == N ? out : outp.narrow(1, 0, N).contiguous();
-        if (st != FP8MIX_ERR_UNSUPPORTED) check_cuda_status(st, op);
-        // no epilogue kernel for this combination: add the bias separately
-    }
-    g.bias = nullptr;
-    if (!biasp.defined()) {
-        g.out = outp.data_ptr(); g.ldo = Np;
-        check_cuda_status((fp8mix_cuda_clear_error(), fp8mix_cuda_gemm(&g, stream)), op);
-        return Np == N ? out : outp.narrow(1, 0, N).contiguous();
-    }
-    at::Tensor acc = ot == FP8MIX_F32 ? outp : at::empty({M, Np}, out.options().dtype(at::kFloat));
-    g.out = acc.data_ptr(); g.out_t = FP8MIX_F32; g.ldo = Np;
-    check_cuda_status((fp8mix_cuda_clear_error(), fp8mix_cuda_gemm(&g, stream)), op);
-    check_cuda_status((fp8mix_cuda_clear_error(), fp8mix_cuda_bias_add(acc.data_ptr<float>(), M, Np, Np, biasp.data_ptr(), bt, outp.data_ptr(), ot,
-                                           Np, stream)),
-                      op);
-    return Np == N ? out : outp.narrow(1, 0, N).contiguous();
+    const at::Tensor sa = scale_a.contiguous(), sb = scale_b.contiguous();
+    // accumulate="fp22" is cuBLASLt's fast accumulation; promote_interval has no CUDA counterpart
+    fp8mix_mm_problem pr = mm_problem(a, b, ka, kbk, sa, sb, bias_t, bt, out, ot, accumulate == "fp22");
+    scaled_mm_cuda_run(pr, a, b, sa, sb, bias_t, out);
+    return out;
 }
 
 // Delayed scaling of many tensors in one kernel (see fp8mix_cuda_delayed_update).
@@ -997,14 +989,16 @@ void delayed_scale_update_cuda(at::TensorList amax_history, at::TensorList amax,
         }
         e[i].fp8_max = (float)fp8_max[i];
     }
-    check_cuda_status((fp8mix_cuda_clear_error(), fp8mix_cuda_delayed_update(e.data(), (int64_t)n, (int)margin, pow2 ? 1 : 0,
+    check_cuda_status(fp8mix_cuda_delayed_update(e.data(), (int64_t)n, (int)margin, pow2 ? 1 : 0,
                                                  algo == "max" ? FP8MIX_AMAX_MAX : FP8MIX_AMAX_MOST_RECENT, interval,
-                                                 c10::cuda::getCurrentCUDAStream())),
+                                                 cur_stream()),
                       op);
 }
 
 void cuda_set_hw_convert(bool on) { fp8mix_cuda_set_hw_convert(on ? 1 : 0); }
 bool cuda_get_hw_convert() { return fp8mix_cuda_get_hw_convert() != 0; }
+void cuda_set_check_scales(bool on) { scale_checks_flag().store(on ? 1 : 0); }
+bool cuda_get_check_scales() { return scale_checks_enabled(); }
 
 } // namespace
 #endif // FP8MIX_WITH_CUDA
@@ -1076,6 +1070,8 @@ TORCH_LIBRARY_FRAGMENT(fp8mix, m)
           "str amax_compute_algo='max', int interval=1) -> ()");
     m.def("cuda_set_hw_convert(bool on) -> ()", &cuda_set_hw_convert);
     m.def("cuda_get_hw_convert() -> bool", &cuda_get_hw_convert);
+    m.def("cuda_set_check_scales(bool on) -> ()", &cuda_set_check_scales);
+    m.def("cuda_get_check_scales() -> bool", &cuda_get_check_scales);
 }
 
 TORCH_LIBRARY_IMPL(fp8mix, CUDA, m)

@@ -64,6 +64,20 @@ def scale_shape(x: torch.Tensor, g: int) -> list:
     return [(rows + 127) // 128, (cols + 127) // 128]
 
 
+_checked_devices: set = set()
+
+
+def _first_cuda_use(t: torch.Tensor) -> None:
+    """The first time a process runs fp8mix's CUDA kernels on a device, compare them with the
+    C core (fp8mix.cuda.run_selfcheck: milliseconds; FP8MIX_CUDA_SELFCHECK=0 skips it). A
+    mismatch raises one error naming the kernel and the first differing element."""
+    if t.device.type != "cuda" or t.device in _checked_devices or torch.compiler.is_compiling():
+        return
+    _checked_devices.add(t.device)  # once, also when it raises: the error says everything
+    from .cuda import run_selfcheck
+    run_selfcheck(t.device)
+
+
 def has_kernels(op: str, device: torch.device) -> bool:
     """Whether this build registers op (e.g. "cast") for device (meta: the fake kernels)."""
     key = torch._C._dispatch_key_for_device(device.type)
@@ -79,6 +93,7 @@ def cast(x: torch.Tensor, scale: torch.Tensor, fp8_dtype: torch.dtype, *, granul
     """Scale + cast + amax in one pass: (q, qt, amax). qt is the transpose of the 2-D view
     when `transpose` (else empty); `rng` (int64 [key, offset]) selects stochastic rounding
     with words from offset + rng_skip on, in place of stochastic/seed/offset."""
+    _first_cuda_use(x)
     return _ops.cast(x, scale, fp8_dtype, int(granularity), saturate, stochastic, seed, offset, want_q, transpose,
                      inf_to_nan, rng, rng_skip)
 
@@ -89,6 +104,7 @@ def quantize_current(x: torch.Tensor, fp8_dtype: torch.dtype, *, granularity=Gra
                      transpose: bool = False, inf_to_nan: bool = False, rng: Optional[torch.Tensor] = None,
                      rng_skip: int = 0):
     """Current scaling: amax per tile, scale, cast: (q, qt, scale_inv, amax)."""
+    _first_cuda_use(x)
     return _ops.quantize_current(x, fp8_dtype, int(granularity), margin, power_2_scale, amax_epsilon, saturate,
                                  stochastic, seed, offset, want_q, transpose, inf_to_nan, rng, rng_skip)
 
@@ -114,7 +130,16 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: 
     """(a * scale_a) @ (b * scale_b) + bias. scale_kinds: (MmScale, MmScale) when the caller
     knows the layouts (fp8mix's modules always do); None infers them from the shapes."""
     ka, kb = (-1, -1) if scale_kinds is None else (int(scale_kinds[0]), int(scale_kinds[1]))
-    return _ops.scaled_mm(a, b, scale_a, scale_b, bias, out_dtype, accumulate, promote_interval, ka, kb)
+    if a.device.type != "cuda" or torch.compiler.is_compiling():
+        return _ops.scaled_mm(a, b, scale_a, scale_b, bias, out_dtype, accumulate, promote_interval, ka, kb)
+    _first_cuda_use(a)
+    try:
+        return _ops.scaled_mm(a, b, scale_a, scale_b, bias, out_dtype, accumulate, promote_interval, ka, kb)
+    except NotImplementedError as e:  # fp8mix's cuBLASLt call refused (arch, shape): torch._scaled_mm
+        from .cuda import is_refusal, scaled_mm_fallback
+        if not is_refusal(e):
+            raise
+        return scaled_mm_fallback(a, b, scale_a, scale_b, bias, out_dtype)
 
 
 # ---- the per-tensor recipes' state (csrc/core/recipe.c) -------------------------------

@@ -1,7 +1,7 @@
 /*
  * common.cu — host-side plumbing shared by the CUDA launchers: the per-thread
  * last-error message, CUDA error -> fp8mix_status mapping, and the switch for
- * the hardware FP8 convert instruction.  No kernels.
+ * the hardware FP8 convert instruction.  No kernels, no environment reads.
  */
 #include <atomic>
 #include <cstdarg>
@@ -26,6 +26,16 @@ fp8mix_status cuda_status(cudaError_t e, const char *where)
 {
     if (e == cudaSuccess) return FP8MIX_OK;
     set_error("%s: CUDA error %d (%s): %s", where, (int)e, cudaGetErrorName(e), cudaGetErrorString(e));
+    return e == cudaErrorMemoryAllocation ? FP8MIX_ERR_NO_MEMORY : FP8MIX_ERR_UNSUPPORTED;
+}
+
+fp8mix_status check_launch(const char *where)
+{
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess) return FP8MIX_OK;
+    set_error("%s: CUDA error %d (%s): %s (cudaGetLastError also reports errors of earlier asynchronous "
+              "launches on this thread, so it may not be this launch's)",
+              where, (int)e, cudaGetErrorName(e), cudaGetErrorString(e));
     return e == cudaErrorMemoryAllocation ? FP8MIX_ERR_NO_MEMORY : FP8MIX_ERR_UNSUPPORTED;
 }
 

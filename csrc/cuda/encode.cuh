@@ -37,22 +37,50 @@ __host__ __device__ inline float format_max(fp8mix_format f) { return f == FP8MI
 
 
 /* ---- the encoder: the C core's fp8_encode itself ---------------------------- */
-__device__ __forceinline__ uint8_t fp8_encode(const Fp8Params &p, float y, uint32_t r) { return ::fp8_encode(&p, y, r); }
 
-/* Saturating round-to-nearest of two values with the sm_89+ cvt instruction
- * (cvt.rn.satfinite.{e4m3,e5m2}x2.f32), then NaN fixed up to the sign-preserving
- * code of the rules.  Equal to fp8_encode for saturate=1, NEAREST: satfinite maps
- * +-inf and every finite |y| that rounds above max to +-max, exactly like the
- * rule (any y > max rounds to >= max); subnormals are kept and ties go to even.
- * Used only when the launcher's hardware-convert switch is on (tests compare both
- * paths with the CPU). */
-__device__ __forceinline__ uint16_t fp8_encode2_hw(const Fp8Params &p, float y0, float y1)
+/* y = fp32(v * s) exactly as the C core gets it on x86, where mulps returns a NaN
+ * operand unchanged (quieted, sign and payload kept).  GPU FMUL instead returns the
+ * canonical NaN 0x7FFFFFFF, which would drop the sign that the FP8 NaN code and the
+ * dequantised NaN carry, so a NaN v is passed through.  Scales are required to be
+ * finite and > 0, so only v can be NaN. */
+__device__ __forceinline__ float scale_value(float v, float s)
+{
+    return (f32_bits(v) & 0x7FFFFFFFu) > 0x7F800000u ? v : __fmul_rn(v, s);
+}
+
+/* The byte for an input v whose encoding of y = scale_value(v, s) gave `code`: an
+ * infinite v becomes the format's NaN with v's sign when p.inf_to_nan is set (the
+ * C core's rule, see fp8mix_cast_opts), every other value keeps `code`. */
+__device__ __forceinline__ uint8_t inf_fixup(const Fp8Params &p, float v, uint8_t code)
+{
+    const uint32_t b = f32_bits(v);
+    if (p.inf_to_nan && (b & 0x7FFFFFFFu) == 0x7F800000u) return (uint8_t)(p.nan_code | ((b >> 24) & 0x80u));
+    return code;
+}
+
+/* The whole rule for one input value: scale, encode, inf_to_nan. */
+__device__ __forceinline__ uint8_t encode_value(const Fp8Params &p, float v, float s, uint32_t r)
+{
+    return inf_fixup(p, v, ::fp8_encode(&p, scale_value(v, s), r));
+}
+
+/* Saturating round-to-nearest of two inputs v0, v1 (scaled by s) with the sm_89+
+ * cvt instruction (cvt.rn.satfinite.{e4m3,e5m2}x2.f32), then the non-finite inputs
+ * fixed up from v itself (not from the product, whose NaN the GPU canonicalises):
+ * NaN -> the sign-preserving NaN code, inf -> NaN when inf_to_nan.  Equal to
+ * encode_value for saturate=1, NEAREST: satfinite maps +-inf and every finite |y|
+ * that rounds above max to +-max, exactly like the rule (any y > max rounds to
+ * >= max); subnormals are kept and ties go to even.  Used only when the launcher's
+ * hardware-convert switch is on (tests compare both paths with the CPU). */
+__device__ __forceinline__ uint16_t fp8_encode2_hw(const Fp8Params &p, float v0, float v1, float s)
 {
     __nv_fp8_interpretation_t it = p.fmt == FP8MIX_E4M3 ? __NV_E4M3 : __NV_E5M2;
+    const float y0 = __fmul_rn(v0, s), y1 = __fmul_rn(v1, s);
     uint16_t v = (uint16_t)__nv_cvt_float2_to_fp8x2(make_float2(y0, y1), __NV_SATFINITE, it);
-    uint32_t b0 = f32_bits(y0), b1 = f32_bits(y1);
-    if ((b0 & 0x7FFFFFFFu) > 0x7F800000u) v = (uint16_t)((v & 0xFF00u) | p.nan_code | ((b0 >> 24) & 0x80u));
-    if ((b1 & 0x7FFFFFFFu) > 0x7F800000u) v = (uint16_t)((v & 0x00FFu) | ((p.nan_code | ((b1 >> 24) & 0x80u)) << 8));
+    const uint32_t a0 = f32_bits(v0) & 0x7FFFFFFFu, a1 = f32_bits(v1) & 0x7FFFFFFFu;
+    const uint32_t lim = p.inf_to_nan ? 0x7F800000u : 0x7F800001u; /* a >= lim: the byte becomes NaN */
+    if (a0 >= lim) v = (uint16_t)((v & 0xFF00u) | p.nan_code | ((f32_bits(v0) >> 24) & 0x80u));
+    if (a1 >= lim) v = (uint16_t)((v & 0x00FFu) | ((p.nan_code | ((f32_bits(v1) >> 24) & 0x80u)) << 8));
     return v;
 }
 
@@ -134,6 +162,17 @@ __device__ __forceinline__ void random_words(uint64_t seed, uint64_t c0, uint32_
 }
 
 /* ---- amax and scales -------------------------------------------------------- */
+/* Index of element (i, j)'s scale in gran's dense scale array (nbc = ceil(cols/128)). */
+__host__ __device__ __forceinline__ int64_t scale_tile(fp8mix_granularity gran, int64_t i, int64_t j, int64_t nbc)
+{
+    switch (gran) {
+    case FP8MIX_GRAN_TENSOR: return 0;
+    case FP8MIX_GRAN_ROW: return i;
+    case FP8MIX_GRAN_BLOCK: return i * nbc + j / FP8MIX_BLOCK;
+    default: return (i / FP8MIX_BLOCK) * nbc + j / FP8MIX_BLOCK;
+    }
+}
+
 /* Max |x| bits of a block's share, canonicalised before the atomic so that any
  * NaN anywhere gives exactly 0x7FC00000 (greater than +inf and every finite). */
 __device__ __forceinline__ uint32_t canon_amax_bits(uint32_t b) { return b > 0x7F800000u ? 0x7FC00000u : b; }
@@ -161,8 +200,13 @@ __device__ __forceinline__ float amax_from_bits(uint32_t b) { return bits_f32(ca
 void set_error(const char *fmt, ...);
 /* Maps a CUDA runtime error to a status (and records the message); OK for cudaSuccess. */
 fp8mix_status cuda_status(cudaError_t e, const char *where);
-/* Launch check: cudaGetLastError after a launch. */
-inline fp8mix_status check_launch(const char *where) { return cuda_status(cudaGetLastError(), where); }
+/* Launch check: cudaGetLastError after a launch.  The error it returns can be left
+ * by any earlier asynchronous launch on this thread (a torch kernel too), so the
+ * message says so. */
+fp8mix_status check_launch(const char *where);
+/* Every entry point starts with this: empties this thread's last-error message, so
+ * that a message is never a stale one (callers need not clear it). */
+inline void begin_call() { fp8mix_cuda_clear_error(); }
 
 /* Blocks for a grid-stride loop over `work` items of `per_block` each. */
 inline unsigned grid_for(int64_t work, int64_t per_block, unsigned cap = 65535u * 8u)

@@ -101,6 +101,7 @@ extern "C" fp8mix_status fp8mix_cuda_compute_scale(const float *amax, int64_t n,
                                                    int pow2, float amax_epsilon, float *scale, float *scale_inv,
                                                    cudaStream_t stream)
 {
+    begin_call();
     if (n < 0) return FP8MIX_ERR_BAD_SHAPE;
     if (fmt != FP8MIX_E4M3 && fmt != FP8MIX_E5M2) return FP8MIX_ERR_BAD_ENUM;
     if (margin < 0 || margin > 126 || !(amax_epsilon >= 0.0f) || amax_epsilon > 3.40282346638528859812e+38f)
@@ -117,6 +118,7 @@ extern "C" fp8mix_status fp8mix_cuda_delayed_update(const fp8mix_cuda_delayed_en
                                                     int pow2, fp8mix_amax_algo algo, int64_t interval,
                                                     cudaStream_t stream)
 {
+    begin_call();
     if (n < 0) return FP8MIX_ERR_BAD_SHAPE;
     if (n == 0) return FP8MIX_OK;
     if (!entries) return FP8MIX_ERR_NULL_POINTER;
@@ -147,6 +149,7 @@ extern "C" fp8mix_status fp8mix_cuda_bias_add(const float *acc, int64_t rows, in
                                               const void *bias, fp8mix_dtype bias_t, void *out, fp8mix_dtype out_t,
                                               int64_t ld_out, cudaStream_t stream)
 {
+    begin_call();
     auto ok_t = [](fp8mix_dtype t) { return t == FP8MIX_F32 || t == FP8MIX_BF16 || t == FP8MIX_F16; };
     if (!ok_t(bias_t) || !ok_t(out_t)) return FP8MIX_ERR_BAD_ENUM;
     if (rows < 0 || cols < 0 || ld_acc < cols || ld_out < cols) return FP8MIX_ERR_BAD_SHAPE;

@@ -551,6 +551,116 @@ const char *fp8mix_isa_name(fp8mix_isa isa);
 void fp8mix_set_num_threads(int n);
 int fp8mix_get_num_threads(void);
 
+
+/* ---- FP8 GEMM layout plan: cuBLASLt's rules as one checked function ----------
+ *
+ * The CUDA backend multiplies on cuBLASLt's FP8 matmul, which accepts far fewer
+ * layouts than fp8mix_gemm.  fp8mix_mm_layout_plan states those rules in one
+ * place, in plain C (no CUDA headers: CPU builds compile and test it), and turns
+ * a problem into a plan: which operands run in place and which are copied (zero
+ * padded, or transposed), the scale arrays cuBLASLt reads, where the bias goes and
+ * how much scratch memory the copies need.  The CUDA op asks for a plan, allocates
+ * plan.scratch_bytes and runs it (fp8mix_cuda_scaled_mm).  The rules (cuBLAS
+ * Developer Guide, "Narrow precision data types usage"; cublasLt.h), with the
+ * column-major cuBLAS problem out^T[N,M] = b^T[N,K] a^T[K,M] ("TN"):
+ *   R1 both operands K-contiguous: a row-major (M x K), b column-major (K x N,
+ *      i.e. a row-major (N x K) weight seen through .t()); otherwise copied.
+ *   R2 operand and output pointers and leading dimensions 16-byte aligned.
+ *   R3 K and N multiples of 16 (cuBLAS k and m); otherwise zero padded (zeros
+ *      along K add nothing; padded output columns are dropped).  M is free.
+ *   R4 no E5M2 x E5M2 kernel (FP8MIX_MM_RULE_FORMATS).
+ *   R5 compute capability 8.9 or newer (FP8MIX_MM_RULE_ARCH).
+ *   R6 TENSOR scales (one float each): every FP8 device.  OUTER (per row of a /
+ *      column of b, OUTER_VEC_32F) and BLOCK (1x128 tiles of a, 128x128 blocks of
+ *      b: VEC128_32F / BLK128x128_32F): compute capability 9.x only and cuBLASLt
+ *      >= 12.9 (FP8MIX_MM_RULE_SCALE_ARCH, _SCALE_VERSION).  A TENSOR scale with
+ *      an OUTER partner is expanded; BLOCK pairs only with BLOCK (BAD_ARG).
+ *   R7 BLOCK: cuBLAS n (our M) a multiple of 4, so M is zero padded to mp; K is
+ *      zero padded to a whole number of 128-deep blocks (every public use of these
+ *      modes has K % 128 == 0; the zeros share the last block's scale and add
+ *      nothing); scale arrays sa (ceil(K/128), mp): sa[kb][i], sb (ceil(np/128),
+ *      roundup(ceil(K/128), 4)): sb[nb][kb]; padding entries 1.
+ *   R8 fast accumulation is not available with BLOCK scales (plan.fast_accum 0).
+ *   R9 the bias epilogue is used for a bias of out's type with a bfloat16 /
+ *      float16 output and TENSOR scales (the combination PyTorch's _scaled_mm
+ *      uses); its length must be np and its pointer 16-byte aligned (else copied).
+ *      Every other bias: float32 product, then a bias-add kernel.
+ */
+typedef struct fp8mix_mm_problem {
+    int64_t m, n, k;               /* all >= 1 (the op handles empty products)   */
+    fp8mix_format fmt_a, fmt_b;
+    int64_t a_stride0, a_stride1;  /* element strides of a (M x K)               */
+    int64_t b_stride0, b_stride1;  /* element strides of b (K x N)               */
+    uint64_t a_addr, b_addr;       /* addresses: only their alignment is used    */
+    fp8mix_mm_scale scale_a_kind, scale_b_kind;
+    uint64_t sa_addr, sb_addr;     /* scale arrays, dense as for fp8mix_gemm      */
+    int has_bias;
+    fp8mix_dtype bias_t;
+    uint64_t bias_addr;
+    fp8mix_dtype out_t;
+    uint64_t out_addr;             /* out: M x N, row stride N                    */
+    int fast_accum;                /* requested (accumulate="fp22")               */
+    int sm;                        /* compute capability, major * 10 + minor      */
+    int64_t blas_version;          /* cublasLtGetVersion(), e.g. 130100           */
+} fp8mix_mm_problem;
+
+typedef enum fp8mix_mm_rule {
+    FP8MIX_MM_RULE_OK = 0,
+    FP8MIX_MM_RULE_ARCH = 1,          /* R5 */
+    FP8MIX_MM_RULE_FORMATS = 2,       /* R4 */
+    FP8MIX_MM_RULE_SCALE_ARCH = 3,    /* R6: OUTER / BLOCK off compute capability 9.x */
+    FP8MIX_MM_RULE_SCALE_VERSION = 4, /* R6: OUTER / BLOCK with cuBLASLt < 12.9 */
+    FP8MIX_MM_RULE_SCALE_MIX = 5,     /* BLOCK paired with another kind */
+    FP8MIX_MM_RULE_SHAPE = 6          /* a size or stride out of range */
+} fp8mix_mm_rule;
+
+/* How an operand reaches cuBLASLt. */
+typedef enum fp8mix_mm_copy {
+    FP8MIX_MM_IN_PLACE = 0,       /* its own memory, as given                       */
+    FP8MIX_MM_COPY_PAD = 1,       /* copied, already K-contiguous: padding/alignment */
+    FP8MIX_MM_COPY_TRANSPOSE = 2  /* copied across its layout (R1): avoidable by
+                                     passing the FP8 transpose                      */
+} fp8mix_mm_copy;
+
+/* A scale array cuBLASLt reads: rows x cols float32, row-major, dense.  Entry
+ * (r, c) is the given scale array's element r * src_stride_r + c * src_stride_c
+ * when r < valid_rows and c < valid_cols, else 1.  repack == 0: the given array
+ * is passed as is (then it already has this layout). */
+typedef struct fp8mix_mm_scale_map {
+    int repack;
+    int64_t rows, cols, valid_rows, valid_cols, src_stride_r, src_stride_c;
+} fp8mix_mm_scale_map;
+
+typedef struct fp8mix_mm_plan {
+    fp8mix_mm_rule rule;           /* which rule refused the problem (else OK)     */
+    int64_t mp, np, kp;            /* the GEMM cuBLASLt runs (padded sizes)        */
+    fp8mix_mm_copy copy_a, copy_b;
+    int64_t lda, ldb;              /* leading dimensions cuBLASLt gets (elements)  */
+    fp8mix_mm_scale kind;          /* cuBLASLt's scale mode family, both operands  */
+    fp8mix_mm_scale_map sa, sb;
+    int bias_epilogue;             /* R9: cuBLASLt adds the bias                   */
+    int copy_bias;                 /* the bias is copied to an np-long padded buffer */
+    int bias_add;                  /* a separate kernel adds the bias              */
+    fp8mix_dtype d_t;              /* the type cuBLASLt writes (out_t or F32)      */
+    int d_in_scratch;              /* cuBLASLt writes an mp x np scratch matrix,
+                                      which the bias add or a copy moves into out   */
+    int fast_accum;
+    size_t off_a, off_b, off_sa, off_sb, off_bias, off_d, off_ws; /* into scratch */
+    size_t workspace_bytes;        /* cuBLASLt workspace (inside scratch)          */
+    size_t scratch_bytes;          /* one buffer for all of the above              */
+} fp8mix_mm_plan;
+
+#define FP8MIX_MM_WORKSPACE ((size_t)32 << 20)
+
+/* Fill *plan for problem *p.  OK: cuBLASLt can run it as planned.  UNSUPPORTED:
+ * a rule refuses it (plan->rule says which; another library may still do it).
+ * BAD_ENUM, BAD_SHAPE, BAD_ARG (BLOCK mixed with another kind): invalid input;
+ * NULL_POINTER.  Never reads the addresses, only their alignment. */
+fp8mix_status fp8mix_mm_layout_plan(const fp8mix_mm_problem *p, fp8mix_mm_plan *plan);
+
+/* A static English sentence for a rule (never NULL). */
+const char *fp8mix_mm_rule_string(fp8mix_mm_rule r);
+
 #ifdef __cplusplus
 }
 #endif

@@ -32,7 +32,8 @@
  *     created on first use, guarded by a mutex, and never freed before exit.
  *
  * Not covered: the FP22 accumulation model of fp8mix_gemm (on the GPU the
- * tensor cores' own accumulation is used; see fp8mix_cuda_gemm).
+ * tensor cores' own accumulation is used, which agrees with the CPU's FP32 sums
+ * only to summation order and accumulator width; see fp8mix_cuda_gemm).
  */
 #ifndef FP8MIX_CUDA_H
 #define FP8MIX_CUDA_H
@@ -46,16 +47,16 @@ extern "C" {
 #endif
 
 /* A static, per-thread English description of the last CUDA / cuBLASLt error a
- * launcher met on this thread ("" when none).  Valid until the next call. */
+ * launcher met on this thread ("" when none).  Every entry point empties it first,
+ * so after a call it is that call's message or "".  Valid until the next call. */
 const char *fp8mix_cuda_last_error(void);
-/* Empties this thread's last-error message (callers do so before a launcher
- * call so that a message is never a stale one). */
+/* Empties this thread's last-error message (the entry points do so themselves). */
 void fp8mix_cuda_clear_error(void);
 
 /* Saturating round-to-nearest casts may use the sm_89+ FP8 convert instruction
  * (after a NaN fix-up, the same bytes as the integer encoder; the tests check
  * both).  on != 0 (the default): allowed; 0: always the integer encoder.
- * Process-wide; read at each launch. */
+ * Process-wide; read at each launch (an atomic, no environment read). */
 void fp8mix_cuda_set_hw_convert(int on);
 int fp8mix_cuda_get_hw_convert(void);
 
@@ -130,42 +131,47 @@ fp8mix_status fp8mix_cuda_delayed_update(const fp8mix_cuda_delayed_entry *entrie
 
 /* ---- scaled GEMM through cuBLASLt ------------------------------------------- */
 
-/* out[M,N] = (A * scale_a) @ (B * scale_b) + bias, on FP8 tensor cores (sm_89+).
- * Layout ("TN", both operands contiguous along K):
+/* out[M,N] = (A * scale_a) @ (B * scale_b) + bias, on FP8 tensor cores (sm_89+),
+ * for operands already in cuBLASLt's layout (fp8mix_cuda_scaled_mm below takes
+ * any layout and makes it so).  Layout ("TN", both operands contiguous along K):
  *   a    M x K row-major, row stride lda (a multiple of 16, >= K)
  *   b    K x N column-major: B(p, j) = b[j * ldb + p] (torch: w.t() of a row-major
  *        (N, K) weight); ldb a multiple of 16, >= K.  Row-major B is not accepted.
  *   out  M x N row-major, row stride ldo (>= N; ldo * sizeof(out) a multiple of 16)
  * K and N must be multiples of 16, a / b / out 16-byte aligned.  E5M2 x E5M2 is
  * not supported by the hardware (UNSUPPORTED).
- * Scales (dequantisation factors, device float32), both of one kind except that
- * TENSOR can pair with OUTER (the caller expands it; BAD_ARG otherwise):
- *   TENSOR  one float each
+ * Scales (dequantisation factors, device float32), both of one kind (BAD_ARG
+ * otherwise; expand a TENSOR partner of OUTER first):
+ *   TENSOR  one float each (every FP8 device)
  *   OUTER   scale_a: M floats (one per row), scale_b: N floats (one per column)
- *           (cuBLASLt OUTER_VEC_32F; cuBLAS >= 12.9, sm_90+)
+ *           (cuBLASLt OUTER_VEC_32F: compute capability 9.x only, cuBLASLt >= 12.9;
+ *           other devices refuse it with UNSUPPORTED)
  *   BLOCK   GEMM-ready layouts (cuBLASLt VEC128_32F for A, BLK128x128_32F for B;
- *           cuBLAS >= 12.9, sm_90):
- *           scale_a: (ceil(K/128), roundup(M, 4)) row-major, sa[kb * roundup(M,4) + i]
+ *           compute capability 9.x only, cuBLASLt >= 12.9; M % 4 == 0):
+ *           scale_a: (ceil(K/128), M) row-major, sa[kb * M + i]
  *           scale_b: (ceil(N/128), roundup(ceil(K/128), 4)) row-major,
  *                    sb[nb * roundup(ceil(K/128),4) + kb]
- *           (the C API's (M, ceil(K/128)) / (ceil(K/128), ceil(N/128)) arrays are
- *           transposed and padded into these by the caller).
- * bias: NULL or N values.  The cuBLASLt epilogue takes it when bias_t == out_t
- *   (bf16/f16 outputs) or bias_t is BF16 with an F32 output, and never with BLOCK
- *   scales; other combinations give UNSUPPORTED: add it afterwards with
- *   fp8mix_cuda_bias_add (fp8mix_cuda_gemm_bias_in_epilogue says which).
+ *           (fp8mix_mm_layout_plan gives these shapes; fp8mix_cuda_scaled_mm
+ *           repacks the C API's (M, ceil(K/128)) / (ceil(K/128), ceil(N/128)) arrays).
+ * bias: NULL or N values.  The cuBLASLt epilogue takes it only when
+ *   fp8mix_cuda_gemm_bias_in_epilogue says so (rule R9 of fp8mix.h: bias_t ==
+ *   out_t, a bfloat16 / float16 output, TENSOR scales); other combinations give
+ *   UNSUPPORTED: add it afterwards with fp8mix_cuda_bias_add.
  * fast_accum: 0 (default) keeps cuBLASLt's periodic promotion of the FP8
  *   accumulator to float32; 1 uses the faster, less accurate accumulation
- *   (CUBLASLT_MATMUL_DESC_FAST_ACCUM; not allowed with BLOCK scales).
+ *   (CUBLASLT_MATMUL_DESC_FAST_ACCUM; not allowed with BLOCK scales).  The torch op
+ *   maps accumulate="fp22" to 1; its promote_interval has no CUDA counterpart (the
+ *   hardware's accumulator and cuBLASLt's promotion schedule are not configurable).
  * workspace: device memory of workspace_size bytes for cuBLASLt; NULL uses a
  *   per-device workspace cached by the library (32 MiB; then concurrent calls on
  *   different streams of one device must not overlap — pass your own workspace,
  *   e.g. from a stream-ordered allocator, when they can).
- * The handle is cached per device and the heuristic's algorithm per problem
- * (M, N, K, lds, types, scale kinds, bias, fast_accum, pointer alignment) in a
- * small fixed-size cache.  cuBLASLt status -> fp8mix_status: NOT_SUPPORTED or no
- * heuristic result -> UNSUPPORTED, INVALID_VALUE -> BAD_ARG, ALLOC_FAILED ->
- * NO_MEMORY, anything else -> UNSUPPORTED; details in fp8mix_cuda_last_error. */
+ * The handle is cached per device and the heuristic's answer per problem (M, N, K,
+ * lds, types, scale kinds, bias, fast_accum, pointer alignment) in a small
+ * fixed-size cache, refusals included.  cuBLASLt status -> fp8mix_status:
+ * ALLOC_FAILED -> NO_MEMORY, anything else (NOT_SUPPORTED, INVALID_VALUE for a
+ * combination it does not take, no heuristic result) -> UNSUPPORTED; details in
+ * fp8mix_cuda_last_error. */
 typedef struct fp8mix_cuda_gemm_args {
     int64_t m, n, k;
     const uint8_t *a;
@@ -191,8 +197,37 @@ typedef struct fp8mix_cuda_gemm_args {
 fp8mix_status fp8mix_cuda_gemm(const fp8mix_cuda_gemm_args *args, cudaStream_t stream);
 
 /* Nonzero when fp8mix_cuda_gemm can add a bias of bias_t to an out_t output with
- * these scale kinds in its epilogue. */
+ * these scale kinds in its epilogue (rule R9 of fp8mix_mm_layout_plan). */
 int fp8mix_cuda_gemm_bias_in_epilogue(fp8mix_dtype bias_t, fp8mix_dtype out_t, fp8mix_mm_scale scale_kind);
+
+/* cublasLtGetVersion() of the loaded library (e.g. 131000). */
+int64_t fp8mix_cuda_blas_version(void);
+
+/* ---- scaled_mm: any layout, planned by fp8mix_mm_layout_plan ----------------- */
+
+/* Fills p->sm and p->blas_version for the current device and library, then
+ * fp8mix_mm_layout_plan(p, plan) (same statuses: UNSUPPORTED names the refusing
+ * rule in plan->rule). */
+fp8mix_status fp8mix_cuda_scaled_mm_plan(fp8mix_mm_problem *p, fp8mix_mm_plan *plan);
+
+/* Everything one planned GEMM reads and writes (device pointers). */
+typedef struct fp8mix_cuda_scaled_mm_args {
+    const fp8mix_mm_problem *problem;  /* as given to fp8mix_cuda_scaled_mm_plan */
+    const fp8mix_mm_plan *plan;        /* its OK plan */
+    const uint8_t *a, *b;              /* with the problem's strides */
+    const float *scale_a, *scale_b;    /* dense, fp8mix_gemm's layouts per kind */
+    const void *bias;                  /* N values of problem->bias_t, or NULL */
+    void *out;                         /* M x N of out_t, row stride N */
+    void *scratch;                     /* plan->scratch_bytes, 256-byte aligned */
+    size_t scratch_bytes;
+} fp8mix_cuda_scaled_mm_args;
+
+/* Carries out a plan on `stream`: operand copies and scale repacking (one launch
+ * each that the plan asks for), the cuBLASLt GEMM, then the bias add or the copy of
+ * a padded product into out.  UNSUPPORTED when cuBLASLt refuses the problem at run
+ * time (no algorithm, unsupported combination): the caller may fall back to
+ * another library.  BAD_ARG: a plan that is not OK or too small a scratch. */
+fp8mix_status fp8mix_cuda_scaled_mm(const fp8mix_cuda_scaled_mm_args *args, cudaStream_t stream);
 
 /* out[i, j] = round_to_out_t(acc[i, j] + bias[j]) in float32 (one rounding).
  * acc float32 rows x cols (ld_acc); bias N values of bias_t (widened exactly);
@@ -200,6 +235,20 @@ int fp8mix_cuda_gemm_bias_in_epilogue(fp8mix_dtype bias_t, fp8mix_dtype out_t, f
 fp8mix_status fp8mix_cuda_bias_add(const float *acc, int64_t rows, int64_t cols, int64_t ld_acc, const void *bias,
                                    fp8mix_dtype bias_t, void *out, fp8mix_dtype out_t, int64_t ld_out,
                                    cudaStream_t stream);
+
+/* ---- quantisation statistics --------------------------------------------------- */
+
+/* fp8mix_quant_stats on the device: out (device, FP8MIX_STATS_N doubles) gets the
+ * same entries; counts are exact (bit-identical to the CPU), SIGNAL / NOISE are
+ * float64 sums in another (fixed) order, so they agree with the CPU to rounding,
+ * MIN_NONZERO exactly.  work: device scratch of fp8mix_cuda_quant_stats_work_bytes()
+ * bytes (per-block partials, summed in block order: the result is the same on every
+ * run).  scale_status: see "Conventions". */
+size_t fp8mix_cuda_quant_stats_work_bytes(void);
+fp8mix_status fp8mix_cuda_quant_stats(const void *x, fp8mix_dtype xt, int64_t rows, int64_t cols, int64_t ld_x,
+                                      const uint8_t *q, int64_t ld_q, fp8mix_format fmt, fp8mix_granularity gran,
+                                      const float *scale_inv, double *out, void *work, int *scale_status,
+                                      cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,277 @@
+"""First-use self-check of the CUDA kernels against the C core (the CPU oracle).
+
+``run_selfcheck(device)`` runs once per device and process: every kernel on a small
+deterministic input (special values included), on the device and on the CPU, then
+compares (fp8mix.cuda.compare): every cast mode (E4M3 / E5M2, saturating or not,
+round-to-nearest with both encoders and stochastic rounding, the four granularities,
+with and without the transpose, float32 / bfloat16 / float16 inputs, inf_to_nan),
+amax, compute_scale, quantize_current, dequantize, quant_stats, the delayed-scaling
+update kernel, and scaled_mm per tensor / row / 128-block to within summation order
+(through the torch._scaled_mm fallback when cuBLASLt refuses a kind on this device).
+A mismatch raises SelfCheckError naming the kernel and the first differing element.
+It costs tens of milliseconds (all device results come back in one copy);
+FP8MIX_CUDA_SELFCHECK=0 skips it.
+
+``collect_cases(device)`` is the device half; called with the CPU it runs the same
+calls on the CPU twice, which is how CPU tests dry-run it.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import torch
+
+from .. import ops  # noqa: F401  (loads fp8mix._C, which registers torch.ops.fp8mix)
+from . import _capi
+from .compare import Case, SelfCheckError, gemm_bound, random_scales, verify
+from .fallback import is_refusal, scaled_mm_fallback
+
+__all__ = ["run_selfcheck", "collect_cases", "SelfCheckError", "selfcheck_enabled"]
+
+E4, E5 = torch.float8_e4m3fn, torch.float8_e5m2
+_HP = (torch.float32, torch.bfloat16, torch.float16)
+_SHAPES = ((64, 256), (37, 203))  # vector paths / scalar paths and partial tiles
+_done: dict[str, dict] = {}
+_lock = threading.Lock()
+_fp8 = torch.ops.fp8mix
+# The raw ops with positional arguments: their schemas only ever gain trailing
+# defaulted arguments, unlike the typed Python wrappers (tests swap this for a fake).
+_OPS = torch.ops.fp8mix
+
+
+def selfcheck_enabled() -> bool:
+    """False when FP8MIX_CUDA_SELFCHECK=0 (or 'false', 'off', 'no')."""
+    return os.environ.get("FP8MIX_CUDA_SELFCHECK", "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+def _x(shape, dtype, seed) -> torch.Tensor:
+    """Wide-range values with the special ones in front (NaNs of both signs, infs, zeros,
+    subnormal-range and overflowing magnitudes)."""
+    g = torch.Generator().manual_seed(seed)
+    # magnitudes 2^-27 .. 2^26 from exponent bits (integer ops: cheap even on a loaded machine)
+    mag = (torch.randint(100, 154, shape, generator=g, dtype=torch.int32) << 23).view(torch.float32)
+    x = torch.randn(shape, generator=g) * mag
+    f = x.view(-1)
+    specials = [float("inf"), -float("inf"), float("nan"), -float("nan"), 0.0, -0.0, 1e-30, -470.0, 6e4, -7e4]
+    f[:len(specials)] = torch.tensor(specials)
+    return x.to(dtype)
+
+
+def _scales(rows: int, cols: int, gran: int, seed: int) -> torch.Tensor:
+    n = {0: 1, 1: rows, 2: rows * -(-cols // 128), 3: -(-rows // 128) * -(-cols // 128)}[gran]
+    g = torch.Generator().manual_seed(seed)
+    return torch.tensor(1.7) if gran == 0 else torch.rand(n, generator=g) * 4 + 0.05
+
+
+def _hw_settings(dev: torch.device) -> list[bool | None]:
+    """The encoder switch values to try: both on CUDA, none (the CPU has one) elsewhere."""
+    return [True, False] if dev.type == "cuda" else [None]
+
+
+def _with_hw(dev: torch.device, hw: bool | None, fn):
+    if hw is None:
+        return fn()
+    old = _fp8.cuda_get_hw_convert()
+    _fp8.cuda_set_hw_convert(hw)
+    try:
+        return fn()
+    finally:
+        _fp8.cuda_set_hw_convert(old)
+
+
+def _cast_cases(dev: torch.device, out: list) -> None:
+    i = 0
+    for fmt in (E4, E5):
+        for sat in (True, False):
+            for gran in range(4):
+                for tr in (False, True):
+                    for sr in (False, True):
+                        dt, shape = _HP[i % 3], _SHAPES[i % 2]
+                        i += 1
+                        x, s = _x(shape, dt, i), _scales(shape[0], shape[1], gran, i)
+                        args = (fmt, gran, sat, sr, 0x1234_5678_9ABC + i, 4 * i + (i % 4), True, tr)
+                        want = _OPS.cast(x, s, *args)
+                        for hw in _hw_settings(dev) if (sat and not sr) else [None]:
+                            got = _with_hw(dev, hw, lambda: _OPS.cast(x.to(dev), s.to(dev), *args))
+                            name = (f"cast[{fmt} sat={sat} sr={sr} gran={gran} transpose={tr} {dt} {shape}"
+                                    f"{'' if hw is None else ' hw_convert=' + str(hw)}]")
+                            out += [(name + " q", got[0], want[0]), (name + " amax", got[2], want[2])]
+                            if tr:
+                                out.append((name + " qt", got[1], want[1]))
+
+
+def _inf_to_nan_cases(dev: torch.device, out: list) -> None:
+    x = _x((16, 64), torch.float32, 99)
+    s = torch.tensor(3.0)
+    for fmt in (E4, E5):
+        for sat in (True, False):
+            for sr in (False, True):
+                def cast(xx, ss, fmt=fmt, sat=sat, sr=sr):
+                    return _capi.cast_raw(xx, ss, fmt, saturate=sat, stochastic=sr, seed=7, offset=3, inf_to_nan=True)
+
+                want = cast(x, s)
+                for hw in _hw_settings(dev) if (sat and not sr) else [None]:
+                    got = _with_hw(dev, hw, lambda: cast(x.to(dev), s.to(dev)))
+                    out.append((f"cast[inf_to_nan {fmt} sat={sat} sr={sr} hw_convert={hw}] q", got, want))
+
+
+def _quantize_cases(dev: torch.device, out: list) -> None:
+    i = 0
+    for fmt in (E4, E5):
+        for gran in range(4):
+            for tr in (False, True):
+                dt, shape = _HP[i % 3], _SHAPES[(i // 2) % 2]
+                i += 1
+                x = _x(shape, dt, 50 + i)
+                args = (fmt, gran, i % 3, bool(i % 2), 1e-3 * (i % 2), True, i % 4 == 0, 77, 8, True, tr)
+                want = _OPS.quantize_current(x, *args)
+                got = _OPS.quantize_current(x.to(dev), *args)
+                name = f"quantize_current[{fmt} gran={gran} transpose={tr} {dt} {shape}]"
+                out += [(name + " q", got[0], want[0]), (name + " scale_inv", got[2], want[2]),
+                        (name + " amax", got[3], want[3])]
+                if tr:
+                    out.append((name + " qt", got[1], want[1]))
+
+
+def _amax_scale_dequant_cases(dev: torch.device, out: list) -> None:
+    for gran in range(4):
+        x = _x(_SHAPES[gran % 2], _HP[gran % 3], 70 + gran)
+        out.append((f"amax[gran={gran} {x.dtype}]", _OPS.amax(x.to(dev), gran), _OPS.amax(x, gran)))
+    a = torch.tensor([0.0, -0.0, 1e-45, 1e-38, 0.5, 448.0, 3e38, float("inf"), float("nan"), 7.0])
+    for fmt, margin, pow2, eps in ((E4, 0, False, 0.0), (E5, 3, True, 1e-4)):
+        want, got = _OPS.compute_scale(a, fmt, margin, pow2, eps), _OPS.compute_scale(a.to(dev), fmt, margin, pow2, eps)
+        out += [(f"compute_scale[{fmt} margin={margin} pow2={pow2}] scale", got[0], want[0]),
+                (f"compute_scale[{fmt} margin={margin} pow2={pow2}] scale_inv", got[1], want[1])]
+    g8 = torch.Generator().manual_seed(11)
+    for gran in range(4):
+        for fmt, odt in ((E4, _HP[gran % 3]), (E5, _HP[(gran + 1) % 3])):
+            shape = _SHAPES[gran % 2]
+            q = torch.randint(0, 256, shape, generator=g8, dtype=torch.uint8).view(fmt)
+            s = _scales(shape[0], shape[1], gran, 80 + gran)
+            out.append((f"dequantize[{fmt} gran={gran} -> {odt}]", _OPS.dequantize(q.to(dev), s.to(dev), gran, odt),
+                        _OPS.dequantize(q, s, gran, odt)))
+
+
+def _stats_cases(dev: torch.device, out: list) -> None:
+    if dev.type == "cuda" and not torch._C._dispatch_has_kernel_for_dispatch_key("fp8mix::quant_stats", "CUDA"):
+        return
+    for fmt, gran, sat in ((E4, 2, False), (E5, 0, True)):
+        x = _x((67, 272), torch.bfloat16, 90 + gran)
+        q, _, sinv, _ = _OPS.quantize_current(x, fmt, gran, 0, False, 0.0, sat, False, 0, 0, True, False)
+        want = _fp8.quant_stats(x, q, sinv, gran)
+        got = _fp8.quant_stats(x.to(dev), q.to(dev), sinv.to(dev), gran)
+        out.append((f"quant_stats[{fmt} gran={gran} saturate={sat}]", got, want, "stats"))
+
+
+def _rederive(h, am, scale, steps, fmax, margin, pow2, algo, interval):
+    """The delayed-scaling update in plain torch + the C core's compute_scale."""
+    h = torch.roll(h, 1, 0)
+    h[0] = am
+    steps = steps + 1
+    a = h.amax() if algo == "max" else h[0]
+    s, _ = _OPS.compute_scale(a.reshape(1), E4 if fmax == 448.0 else E5, margin, pow2, 0.0)
+    ok = bool(torch.isfinite(a) and a > 0) and steps % interval == 0
+    return h, (s[0] if ok else scale), steps
+
+
+def _delayed_cases(dev: torch.device, out: list) -> None:
+    if dev.type != "cuda" or not hasattr(_fp8, "delayed_scale_update"):
+        return  # a CUDA-only op (the CPU has no oracle op to run twice)
+    lens = [1, 5, 300, 16]  # 300: the roll runs in chunks of 256
+    amax = torch.tensor([0.0, float("nan"), 3.5, float("inf")])
+    hist = [(torch.rand(L, generator=torch.Generator().manual_seed(L)) * 10) for L in lens]
+    scale = torch.tensor([1.5, 0.25, 2.0, 3.0])
+    steps = torch.tensor([0, 1, 2, 3])
+    fmax = [448.0, 57344.0, 448.0, 57344.0]
+    for algo, interval in (("max", 1), ("most_recent", 2)):
+        hs = [h.to(dev) for h in hist]
+        sc, si, st, am = scale.to(dev), torch.empty(4, device=dev), steps.to(dev), amax.to(dev)
+        _fp8.delayed_scale_update(hs, list(am.split(1)), [sc[i] for i in range(4)], [si[i] for i in range(4)],
+                                  [st[i] for i in range(4)], fmax, 1, False, algo, interval)
+        for i in range(4):
+            h, s, n = _rederive(hist[i].clone(), amax[i], scale[i], int(steps[i]), fmax[i], 1, False, algo, interval)
+            name = f"delayed_scale_update[{algo} interval={interval} entry {i} len {lens[i]}]"
+            out += [(name + " history", hs[i], h), (name + " scale", sc[i], s.reshape(())),
+                    (name + " scale_inv", si[i], torch.reciprocal(s.reshape(()))),
+                    (name + " steps", st[i], torch.tensor(n))]
+
+
+def _gemm_operands(m, n, k, kind, seed):
+    g = torch.Generator().manual_seed(seed)
+    a = (torch.randn(m, k, generator=g) * 8).to(E4)
+    b = (torch.randn(n, k, generator=g) * 8).to(E5 if seed % 2 else E4).t()  # column-major (K, N)
+    return (a, b) + random_scales(kind, m, n, k, g)
+
+
+def _gemm_cases(dev: torch.device, out: list) -> None:
+    plans = (((37, 48, 160), "tensor", torch.bfloat16, torch.bfloat16),
+             ((64, 40, 144), "tensor", torch.float32, None),
+             ((37, 48, 160), "row", torch.float32, torch.float32),
+             ((64, 40, 144), "row", torch.bfloat16, None),
+             ((37, 48, 272), "block", torch.bfloat16, torch.float32))
+    for i, ((m, n, k), kind, odt, bdt) in enumerate(plans):
+        a, b, sa, sb = _gemm_operands(m, n, k, kind, 20 + i)
+        bias = None if bdt is None else (torch.randn(n, generator=torch.Generator().manual_seed(i)) * 10).to(bdt)
+        want = _OPS.scaled_mm(a, b, sa, sb, bias, odt, "fp32", 128)
+        da, db, dsa, dsb = a.to(dev), b.to(dev), sa.to(dev), sb.to(dev)
+        dbias = None if bias is None else bias.to(dev)
+        how = ""
+        try:
+            got = _OPS.scaled_mm(da, db, dsa, dsb, dbias, odt, "fp32", 128)
+        except NotImplementedError as e:
+            if not is_refusal(e):
+                raise
+            got, how = scaled_mm_fallback(da, db, dsa, dsb, dbias, odt), " via the torch._scaled_mm fallback"
+        name = f"scaled_mm[{kind} {m}x{n}x{k} {a.dtype} x {b.dtype} -> {odt} bias={bdt}{how}]"
+        out.append((name, got, want, "gemm", gemm_bound(a, b, sa, sb, kind, bias)))
+
+
+def _fetch(pending: list) -> list[Case]:
+    """All device results to the CPU in one copy (one sync), then Cases."""
+    gots = [p[1].detach().contiguous() for p in pending]
+    flat = [g.reshape(-1).view(torch.uint8) for g in gots]
+    host = torch.cat(flat).cpu() if flat else torch.empty(0, dtype=torch.uint8)
+    cases, at = [], 0
+    for p, g in zip(pending, gots):
+        nb = g.numel() * g.element_size()
+        got = host[at:at + nb].clone().view(g.dtype).reshape(g.shape)  # clone: aligned for the view
+        at += nb
+        kind = p[3] if len(p) > 3 else "bits"
+        cases.append(Case(p[0], got, p[2], kind, p[4] if len(p) > 4 else None))
+    return cases
+
+
+_BUILDERS = (_cast_cases, _inf_to_nan_cases, _quantize_cases, _amax_scale_dequant_cases, _stats_cases,
+             _delayed_cases, _gemm_cases)
+
+
+def collect_cases(device) -> list[Case]:
+    """Run every kernel on `device` and on the CPU; the device half of the self-check."""
+    dev = torch.device(device)
+    pending: list = []
+    for build in _BUILDERS:
+        build(dev, pending)
+    return _fetch(pending)
+
+
+def run_selfcheck(device=None) -> dict | None:
+    """Check the CUDA kernels of `device` (default: the current CUDA device) against the
+    C core, once per device and process.  Returns a report ({"device", "cases",
+    "elements", "ms"}; None when FP8MIX_CUDA_SELFCHECK=0) or raises SelfCheckError."""
+    if not selfcheck_enabled():
+        return None
+    dev = torch.device(device if device is not None else "cuda")
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    key = str(dev)
+    with _lock:
+        if key in _done:
+            return _done[key]
+        t0 = time.perf_counter()
+        cases = collect_cases(dev)
+        n = verify(cases)
+        report = {"device": key, "cases": len(cases), "elements": n, "ms": (time.perf_counter() - t0) * 1e3}
+        _done[key] = report
+        return report

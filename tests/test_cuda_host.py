@@ -1,0 +1,268 @@
+"""The Python half of the CUDA backend, on the CPU: the self-check's comparisons
+(driven with deliberately wrong results), a dry run of the self-check's calls with the
+CPU standing in for the device, and the torch._scaled_mm fallback against fp8mix's CPU
+GEMM and float64.  The FP22-aware GEMM tolerance is checked against the C core's own
+model of Hopper's accumulator (accumulate="fp22"): it must accept that and reject a
+product with one scale 1% off.
+"""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from fp8mix import ops  # noqa: F401  (loads the native library)
+from fp8mix.cuda import compare, fallback, selfcheck
+from fp8mix.cuda.compare import Case, SelfCheckError, verify
+
+E4, E5 = torch.float8_e4m3fn, torch.float8_e5m2
+_ops = torch.ops.fp8mix
+
+
+# ---- comparisons ----------------------------------------------------------------------
+
+def test_bits_mismatch_names_kernel_index_and_both_values():
+    want = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]).to(E4)
+    got = want.clone()
+    got.view(torch.uint8)[1, 2] ^= 1
+    with pytest.raises(SelfCheckError) as e:
+        verify([Case("cast[e4m3 test] q", got, want)])
+    msg = str(e.value)
+    assert "cast[e4m3 test] q" in msg and "(1, 2)" in msg
+    assert f"CUDA {float(got.float()[1, 2])!r} (0x4d)" in msg and "CPU 6.0 (0x4c)" in msg  # values and bits
+
+
+def test_nan_sign_and_payload_count_as_differences():
+    want = torch.tensor([float("nan")]).view(torch.int32)
+    want = (want | (1 << 31)).view(torch.float32)  # -NaN
+    got = torch.tensor([float("nan")])
+    with pytest.raises(SelfCheckError, match="index \\(0,\\)"):
+        verify([Case("dequantize", got, want)])
+    q_want = torch.tensor([0xFF], dtype=torch.uint8).view(E4)  # the sign-preserving NaN byte
+    q_got = torch.tensor([0x7F], dtype=torch.uint8).view(E4)   # what a canonicalising GPU multiply gives
+    with pytest.raises(SelfCheckError, match="0x7f.*0xff"):
+        verify([Case("cast q", q_got, q_want)])
+    assert verify([Case("cast q", q_want.clone(), q_want)]) == 1
+
+
+def test_shape_or_dtype_mismatch_fails():
+    with pytest.raises(SelfCheckError, match="shape/dtype"):
+        verify([Case("amax", torch.zeros(3), torch.zeros(4))])
+    with pytest.raises(SelfCheckError, match="shape/dtype"):
+        verify([Case("amax", torch.zeros(3, dtype=torch.float16), torch.zeros(3))])
+    with pytest.raises(ValueError, match="unknown comparison"):
+        verify([Case("x", torch.zeros(1), torch.zeros(1), kind="approximately")])
+
+
+def _gemm(m, n, k, seed, accumulate="fp32", scale_b=1.9):
+    g = torch.Generator().manual_seed(seed)
+    a = (torch.randn(m, k, generator=g) * 8).to(E4)
+    b = (torch.randn(n, k, generator=g) * 8).to(E4).t()
+    sa, sb = torch.tensor(0.37), torch.tensor(scale_b)
+    out = _ops.scaled_mm(a, b, sa, sb, None, torch.float32, accumulate, 128)
+    bound = (a.double().abs() * 0.37) @ (b.double().abs() * 1.9)
+    return out, bound
+
+
+@pytest.mark.parametrize("mnk", [(128, 256, 512), (77, 48, 144), (64, 32, 4096)])
+def test_gemm_tolerance_accepts_fp22_accumulation_and_rejects_a_wrong_scale(mnk):
+    exact, bound = _gemm(*mnk, seed=1)
+    fp22, _ = _gemm(*mnk, seed=1, accumulate="fp22")  # the C core's Hopper model, promoted every 128
+    assert not torch.equal(fp22, exact)  # the model does differ from exact sums
+    verify([Case("scaled_mm[fp22 model]", fp22, exact, "gemm", bound)])
+    off, _ = _gemm(*mnk, seed=1, scale_b=1.9 * 1.01)  # one scale 1 % off
+    with pytest.raises(SelfCheckError, match="relative Frobenius|out of tolerance"):
+        verify([Case("scaled_mm[wrong scale]", off, exact, "gemm", bound)])
+
+
+def test_gemm_tolerance_flags_one_bad_element_and_nan():
+    exact, bound = _gemm(64, 48, 256, seed=2)
+    bad = exact.clone()
+    bad[5, 7] += 0.5 * float(bound[5, 7])  # a garbage element (e.g. a misread padding column)
+    with pytest.raises(SelfCheckError, match=r"index \(5, 7\)"):
+        verify([Case("scaled_mm[garbage]", bad, exact, "gemm", bound)])
+    bad = exact.clone()
+    bad[0, 0] = float("nan")
+    with pytest.raises(SelfCheckError, match=r"index \(0, 0\)"):
+        verify([Case("scaled_mm[nan]", bad, exact, "gemm", bound)])
+    with pytest.raises(ValueError, match="bound"):
+        verify([Case("scaled_mm[no bound]", exact, exact, "gemm")])
+
+
+def test_stats_comparison_counts_exact_sums_to_rounding():
+    want = torch.tensor([100.0, 90, 3, 4, 1, 2, 5, 1234.5, 0.25, 1e-3], dtype=torch.float64)
+    near = want.clone()
+    near[7] *= 1 + 1e-12
+    near[8] *= 1 - 1e-12
+    verify([Case("quant_stats", near, want, "stats")])
+    for i, delta in ((2, 1.0), (9, 1e-12), (7, 1e-6)):
+        bad = want.clone()
+        bad[i] += delta * (1 if i != 7 else float(want[7]))
+        with pytest.raises(SelfCheckError, match=f"entry {i}"):
+            verify([Case("quant_stats", bad, want, "stats")])
+
+
+def test_gemm_tolerance_grows_with_output_rounding():
+    want = torch.tensor([1024.0])
+    bound = torch.tensor([0.0])
+    assert float(compare.gemm_tolerance(want, bound, torch.bfloat16)) == pytest.approx(4.0)
+    assert float(compare.gemm_tolerance(want, bound, torch.float32)) < 1e-3
+
+
+# ---- the self-check's calls, dry-run with the CPU as the device -------------------------
+
+@pytest.fixture(scope="module")
+def cpu_cases():
+    return selfcheck.collect_cases("cpu")
+
+
+def test_selfcheck_dry_run_covers_every_kernel_and_passes(cpu_cases):
+    names = " ".join(c.kernel for c in cpu_cases)
+    for kernel in ("cast[", "inf_to_nan", "sr=True", "transpose=True", "gran=3", "quantize_current[", "amax[",
+                   "compute_scale[", "dequantize[", "quant_stats[", "scaled_mm[tensor", "scaled_mm[row",
+                   "scaled_mm[block"):
+        assert kernel in names, kernel
+    assert {c.kind for c in cpu_cases} == {"bits", "gemm", "stats"}
+    assert verify(cpu_cases) > 100_000
+
+
+def test_selfcheck_inputs_hold_the_special_values(cpu_cases):
+    x = selfcheck._x((64, 256), torch.float32, 1)
+    assert torch.isnan(x).sum() == 2 and torch.isinf(x).sum() == 2 and (x == 0).sum() >= 2
+    neg_nan = x.view(-1)[3].view(torch.int32)
+    assert int(neg_nan) < 0  # a NaN with the sign bit set
+    # inf_to_nan cases really turn infinities into NaN codes (the C core's answer)
+    case = next(c for c in cpu_cases if "inf_to_nan" in c.kernel and "sat=True" in c.kernel)
+    assert int(case.want.view(torch.uint8)[0, 0]) in (0x7F, 0x7E) and int(case.want.view(torch.uint8)[0, 1]) in (
+        0xFF, 0xFE)
+
+
+@pytest.mark.parametrize("which", ["cast[", "quantize_current[", "dequantize[", "scaled_mm[block"])
+def test_selfcheck_reports_a_corrupted_result(cpu_cases, which):
+    cases = [Case(c.kernel, c.got.clone(), c.want, c.kind, c.bound) for c in cpu_cases]
+    victim = next(c for c in cases if c.kernel.startswith(which))
+    flat = victim.got.reshape(-1)
+    if victim.kind == "gemm":
+        flat[3] = flat[3] * 1.5 + 100.0
+    else:
+        flat.view(torch.uint8)[3 * victim.got.element_size()] ^= 0x80  # a sign bit
+    with pytest.raises(SelfCheckError) as e:
+        verify(cases)
+    assert victim.kernel in str(e.value) and "FP8MIX_CUDA_SELFCHECK=0" in str(e.value)
+
+
+def test_run_selfcheck_once_per_device_and_env_switch(monkeypatch):
+    monkeypatch.setattr(selfcheck, "_done", {})
+    calls = []
+    real = selfcheck.collect_cases
+    monkeypatch.setattr(selfcheck, "collect_cases", lambda d: calls.append(d) or real(d))
+    rep = selfcheck.run_selfcheck("cpu")
+    assert rep["device"] == "cpu" and rep["cases"] > 100 and rep["ms"] > 0
+    assert selfcheck.run_selfcheck("cpu") is rep and len(calls) == 1
+    monkeypatch.setenv("FP8MIX_CUDA_SELFCHECK", "0")
+    monkeypatch.setattr(selfcheck, "_done", {})
+    assert selfcheck.run_selfcheck("cpu") is None and len(calls) == 1
+
+
+class _WrongAmaxOps:
+    """torch.ops.fp8mix with an amax whose first call (the "device" half of the first pair)
+    is one ulp off."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __getattr__(self, name):
+        return getattr(torch.ops.fp8mix, name)
+
+    def amax(self, x, g):
+        out = torch.ops.fp8mix.amax(x, g)
+        self.calls += 1
+        return (out.view(torch.int32) + 1).view(torch.float32) if self.calls == 1 else out
+
+
+def test_run_selfcheck_raises_on_a_wrong_kernel(monkeypatch):
+    monkeypatch.setattr(selfcheck, "_done", {})
+    monkeypatch.setattr(selfcheck, "_OPS", _WrongAmaxOps())
+    with pytest.raises(SelfCheckError, match=r"amax\[gran="):
+        selfcheck.run_selfcheck("cpu")
+    assert "cpu" not in selfcheck._done
+
+
+# ---- the torch._scaled_mm fallback --------------------------------------------------------
+
+def _operands(m, n, k, kind, seed, fmt_b=E4):
+    g = torch.Generator().manual_seed(seed)
+    a = (torch.randn(m, k, generator=g) * 8).to(E4)
+    b = (torch.randn(n, k, generator=g) * 8).to(fmt_b).t()
+    if kind == "tensor":
+        return a, b, torch.tensor(0.37), torch.tensor(1.9)
+    if kind == "row":
+        return a, b, torch.rand(m, 1, generator=g) + 0.5, torch.tensor(1.3) if seed % 2 else torch.rand(1, n) + 0.5
+    kb = -(-k // 128)
+    return a, b, torch.rand(m, kb, generator=g) + 0.5, torch.rand(kb, -(-n // 128), generator=g) + 0.5
+
+
+def _f64(a, b, sa, sb, kind, bias):
+    ad, bd = compare.scaled_operands(a, b, sa, sb, kind)
+    out = ad @ bd
+    return out + bias.double() if bias is not None else out
+
+
+@pytest.mark.parametrize("kind", ["tensor", "row", "block"])
+@pytest.mark.parametrize("out", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("bias", [None, "out", torch.float32])
+def test_fallback_matches_fp8mix_and_float64(kind, out, bias):
+    for i, (m, n, k) in enumerate([(5, 40, 48), (77, 48, 144), (16, 20, 10), (3, 130, 272)]):
+        a, b, sa, sb = _operands(m, n, k, kind, i)
+        bt = out if bias == "out" else bias
+        bv = None if bt is None else (torch.randn(n) * 10).to(bt)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            got = fallback.scaled_mm_fallback(a, b, sa, sb, bv, out)
+        mine = _ops.scaled_mm(a, b, sa, sb, bv, out, "fp32", 128)
+        assert got.dtype == out and got.shape == (m, n) and got.is_contiguous()
+        ref = _f64(a, b, sa, sb, kind, bv)
+        tol = 1e-5 if out == torch.float32 else 8e-3
+        assert ((got.double() - ref).norm() / ref.norm()).item() < tol
+        assert ((got.double() - mine.double()).norm() / ref.norm()).item() < tol
+
+
+def test_fallback_scale_kinds_and_errors():
+    a, b, sa, sb = _operands(8, 32, 256, "block", 0)
+    assert fallback.scale_kind(a, b, sa, sb) == "block"
+    assert fallback.scale_kind(a, b, torch.rand(8, 1), torch.tensor(2.0)) == "row"
+    assert fallback.scale_kind(a, b, torch.tensor(1.0), torch.ones(1, 1)) == "tensor"
+    with pytest.raises(ValueError, match="fit no scale layout"):
+        fallback.scaled_mm_fallback(a, b, torch.rand(8, 3), sb)
+    with pytest.raises(fallback.FallbackUnavailable, match="E5M2 x E5M2"):
+        fallback.scaled_mm_fallback(a.to(E5), b.to(E5), torch.tensor(1.0), torch.tensor(1.0))
+    with pytest.raises(ValueError, match="need a"):
+        fallback.scaled_mm_fallback(a, b[:5], torch.tensor(1.0), torch.tensor(1.0))
+    with pytest.raises(TypeError, match="out_dtype"):
+        fallback.scaled_mm_fallback(a, b, torch.tensor(1.0), torch.tensor(1.0), out_dtype=torch.int32)
+
+
+def test_fallback_warns_once_per_kind(monkeypatch):
+    monkeypatch.setattr(fallback, "_warned", set())
+    a, b, sa, sb = _operands(4, 16, 32, "tensor", 0)
+    with pytest.warns(RuntimeWarning, match="tensor-scaled product"):
+        fallback.scaled_mm_fallback(a, b, sa, sb)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fallback.scaled_mm_fallback(a, b, sa, sb)  # no second warning
+
+
+def test_is_refusal_recognises_only_the_refusal():
+    assert fallback.is_refusal(NotImplementedError(fallback.REFUSED_PREFIX + ": no algorithm"))
+    assert not fallback.is_refusal(NotImplementedError("something else"))
+    assert not fallback.is_refusal(RuntimeError(fallback.REFUSED_PREFIX))
+
+
+def test_failures_lists_every_broken_kernel(cpu_cases):
+    cases = [Case(c.kernel, c.got.clone(), c.want, c.kind, c.bound) for c in cpu_cases[:40]]
+    for i in (3, 17, 30):
+        cases[i].got.reshape(-1).view(torch.uint8)[0] ^= 0x01
+    msgs = compare.failures(cases)
+    assert len(msgs) == 3 and all(cases[i].kernel in m for i, m in zip((3, 17, 30), msgs))
+    assert compare.failures(cpu_cases) == []
