@@ -35,8 +35,8 @@ _TENSOR, _BLOCK, _BLOCK2D = Granularity.TENSOR, Granularity.BLOCK, Granularity.B
 class Plan:
     """What one forward call decided, for its backward (and its checkpoint recompute)."""
 
-    __slots__ = ("recipe", "group", "out_dtype", "fmts", "record", "layout", "tn", "gemm", "x_scales", "w_scales", "w_cached",
-                 "g_plan", "g_slot", "grad_fresh", "rng", "skips", "monitor", "name", "auto_use", "module",
+    __slots__ = ("recipe", "group", "out_dtype", "fmts", "record", "layout", "tn", "gemm", "x_scales", "w_scales",
+                 "w_cached", "g_plan", "g_slot", "grad_fresh", "rng", "skips", "monitor", "name", "auto_use", "module",
                  "region", "replayed_by", "backward_done", "__weakref__")
 
     def __init__(self, recipe, group, out_dtype, fmts, record: bool, layout: str, gemm: int = 0):
