@@ -193,7 +193,8 @@ def _make_plan(m, x2, weight, frame, replay, recompute: bool, layout: str, is_fi
     if replay is not None:
         recipe, group, monitor, record = replay.recipe, replay.group, None, False
     else:
-        recipe, group, monitor = frame.recipe, reduce_group(frame.group), frame.monitor
+        recipe, monitor = frame.recipe, frame.monitor
+        group = reduce_group(frame.group) if recipe.reduce_amax else None
         record = (torch.is_grad_enabled() and m.training) or frame.calibrating
         if not record:
             m._nograd_frame = frame  # for a reentrant checkpoint's recompute of this forward
