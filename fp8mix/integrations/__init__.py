@@ -29,8 +29,8 @@ from ..nn import FP8StateMixin, convert_model
 from ..nn.fp8_state import FP8_STATE_KEYS
 from ..recipe import RECIPES, DelayedScaling
 
-__all__ = ["require", "check_recipe", "check_filter", "is_converted", "convert", "wrap_forward", "unwrap_forward",
-           "fp8_state_of", "split_fp8_state"]
+__all__ = ["require", "check_recipe", "check_filter", "check_monitor", "is_converted", "convert", "wrap_forward",
+           "unwrap_forward", "fp8_state_of", "split_fp8_state", "fp8_module_prefixes"]
 
 log = logging.getLogger("fp8mix")
 
@@ -61,6 +61,13 @@ def check_filter(owner: str, module_filter_fn):
         raise TypeError(f"{owner}: module_filter_fn must be callable (module, fqn) -> bool, "
                         f"got {type(module_filter_fn).__name__}")
     return module_filter_fn
+
+
+def check_monitor(monitor):
+    """`monitor` validated by fp8_autocast's own rule (None or an fp8mix.Monitor), so a bad
+    one fails where it is passed, not at the first training step."""
+    fp8_autocast(enabled=True, monitor=monitor)
+    return monitor
 
 
 def is_converted(model: torch.nn.Module) -> bool:

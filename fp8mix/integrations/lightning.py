@@ -39,7 +39,16 @@ from typing import Any, Callable, Generator, Optional
 
 import torch
 
-from . import check_filter, check_recipe, convert, fp8_module_prefixes, fp8_state_of, require, split_fp8_state
+from . import (
+    check_filter,
+    check_monitor,
+    check_recipe,
+    convert,
+    fp8_module_prefixes,
+    fp8_state_of,
+    require,
+    split_fp8_state,
+)
 
 pl = require("lightning.pytorch", pip_name="lightning", integration="lightning")
 
@@ -86,9 +95,7 @@ class FP8Precision(Precision):
             raise TypeError(f"{owner}: scaler must be an fp8mix.FP8GradScaler or None, got {type(scaler).__name__}")
         self.dtype = dtype
         self.fp8_group = fp8_group
-        # fp8_autocast validates the monitor; build one frame now so a bad one fails here, not mid-fit
-        fp8_autocast(enabled=True, fp8_recipe=self.recipe, monitor=monitor)
-        self.monitor = monitor
+        self.monitor = check_monitor(monitor)
         self.scaler = scaler
         self.fp8_evaluation = as_bool(owner, "fp8_evaluation", fp8_evaluation)
         # Lightning reads this label (model summary, throughput monitor): the weights' precision
