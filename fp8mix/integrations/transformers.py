@@ -36,12 +36,14 @@ import torch
 
 from . import check_filter, check_monitor, check_recipe, convert, is_converted, require, wrap_forward
 
-transformers = require("transformers", pip_name="transformers", integration="transformers")
+require("transformers", pip_name="transformers", integration="transformers")
+
+from transformers import TrainerCallback  # noqa: E402
 
 __all__ = ["FP8TrainerCallback"]
 
 
-class FP8TrainerCallback(transformers.TrainerCallback):
+class FP8TrainerCallback(TrainerCallback):
     """Train a transformers model with the Trainer in FP8 (see the module docstring).
 
     Args:
