@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import inspect
 import logging
 import types
 from typing import Any, Callable, Optional
@@ -105,17 +106,37 @@ class _Autocast:
 _ATTR = "_fp8mix_autocast"
 
 
-def _wrapped(inner: Callable) -> Callable:
-    """A forward that runs `inner` inside fp8_autocast with the settings kept on the model.
-    functools.wraps keeps the signature visible to inspect.signature (the HF Trainer reads
-    it to choose dataset columns)."""
+def _signature(inner: Callable, bound: bool) -> Optional[inspect.Signature]:
+    """The signature of the wrapper as a function of (self, ...): `inner`'s, with a leading
+    self when `inner` does not take one (None when `inner` has no readable signature)."""
+    try:
+        sig = inspect.signature(inner)
+    except (TypeError, ValueError):
+        return None
+    if bound:
+        return sig
+    return sig.replace(parameters=[inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY),
+                                   *sig.parameters.values()])
 
-    @functools.wraps(inner)
+
+def _wrapped(inner: Callable, bound: bool) -> Callable:
+    """A forward that runs `inner` inside fp8_autocast with the settings kept on the model.
+
+    It carries `inner`'s name, docstring and ``__signature__`` (the HF Trainer reads the
+    signature to choose dataset columns) but no ``__wrapped__``: Accelerate's
+    ``unwrap_model(keep_fp32_wrapper=False)`` peels ``__wrapped__`` chains to remove its
+    autocast, and stops at this function instead of removing FP8 with it."""
+
     def forward(self, *args, **kwargs):
         cfg = self.__dict__[_ATTR]
         with fp8_autocast(enabled=True, fp8_recipe=cfg.recipe, fp8_group=cfg.group, monitor=cfg.monitor):
             return cfg.inner(self, *args, **kwargs) if cfg.bound else cfg.inner(*args, **kwargs)
 
+    functools.update_wrapper(forward, inner, updated=())
+    del forward.__wrapped__  # type: ignore[attr-defined]
+    sig = _signature(inner, bound)
+    if sig is not None:
+        forward.__signature__ = sig  # type: ignore[attr-defined]
     return forward
 
 
@@ -136,7 +157,7 @@ def wrap_forward(model: torch.nn.Module, *, recipe, fp8_group=None, monitor=None
     inner: Callable = fwd.__func__ if isinstance(fwd, types.MethodType) and bound else fwd
     cfg = _Autocast(recipe, fp8_group, monitor, inner, bound, model.__dict__.get("forward"))
     object.__setattr__(model, _ATTR, cfg)
-    model.forward = types.MethodType(_wrapped(inner), model)  # type: ignore[method-assign]
+    model.forward = types.MethodType(_wrapped(inner, bound), model)  # type: ignore[method-assign]
     return model
 
 

@@ -146,6 +146,16 @@ def test_deepcopy_of_a_prepared_model_runs_its_own_layers():
     assert twin[0].fp8_steps[0] == 1 and model[0].fp8_steps[0] == 0  # the copy's forward is the copy's
 
 
+def test_unwrap_model_without_the_autocast_wrapper_keeps_fp8():
+    acc = accelerate.Accelerator(mixed_precision="bf16", cpu=True)
+    model = acc.unwrap_model(prepare(acc, _mlp()), keep_fp32_wrapper=False)  # Accelerate's bf16 autocast removed
+    x, y = _batch(0)
+    out = model(x)
+    F.mse_loss(out, y).backward()
+    assert out.dtype == torch.float32  # no autocast left ...
+    assert model[0].fp8_steps[0] == 1  # ... but the forward still ran in FP8
+
+
 def test_mixed_precision_fp8_is_refused():
     acc = accelerate.Accelerator(mixed_precision="fp8", cpu=True)
     model = _mlp()

@@ -54,13 +54,28 @@ def test_wrapped_forward_keeps_the_signature_and_computes_as_fp8_autocast():
     assert not torch.equal(got, fp8mix.unconvert_model(copy.deepcopy(ref))(x, scale=2.0))  # FP8 really ran
 
 
+def test_a_forward_set_on_the_instance_keeps_its_signature_too():
+    model = _net()
+    convert("test", model, None)
+    inner = model.forward  # bound to the model ...
+    model.forward = lambda x, *, scale=1.0: inner(x, scale=scale)  # ... or any callable on the instance
+    before = inspect.signature(model.forward)
+    wrap_forward(model, recipe=DelayedScaling())
+    assert inspect.signature(model.forward) == before
+    x = torch.randn(4, 32)
+    model(x, scale=3.0).sum().backward()
+    assert int(model.a.fp8_steps[0]) == 1
+    unwrap_forward(model)
+    assert model.forward.__name__ == "<lambda>"
+
+
 def test_wrap_twice_updates_settings_and_unwrap_restores_the_class_forward():
     model = _net()
     convert("test", model, None)
     wrap_forward(model, recipe=DelayedScaling())
     wrap_forward(model, recipe=CurrentScaling())
     assert model.__dict__["_fp8mix_autocast"].recipe == CurrentScaling()
-    assert not hasattr(model.__dict__["_fp8mix_autocast"].inner, "__wrapped__")  # one layer of wrapping
+    assert model.__dict__["_fp8mix_autocast"].inner is Net.forward  # one layer of wrapping
     unwrap_forward(model)
     assert "forward" not in model.__dict__ and "_fp8mix_autocast" not in model.__dict__
     x = torch.randn(4, 32)
