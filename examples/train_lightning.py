@@ -1,6 +1,7 @@
 """Train a byte-level language model with PyTorch Lightning in FP8: one plugin.
 
     python examples/train_lightning.py [--epochs 3] [--dtype bf16] [--ckpt-dir DIR] [--resume DIR/last.ckpt]
+    python examples/train_lightning.py --devices 2     # DDP: amaxes all-reduced, every rank the same scales
 
 The LightningModule below knows nothing about FP8. ``Trainer(plugins=[FP8Precision(...)])``
 converts its nn.Linear layers to fp8mix.Linear when the fit starts (``module_filter_fn``
@@ -40,7 +41,7 @@ class ByteLM(L.LightningModule):
         return loss
 
     def validation_step(self, batch, idx):
-        self.log("val_loss", self._loss(batch), prog_bar=True)
+        self.log("val_loss", self._loss(batch), prog_bar=True, sync_dist=True)
 
     def configure_optimizers(self):
         return torch.optim.AdamW(self.parameters(), lr=self.hparams.lr, weight_decay=0.01)
@@ -56,6 +57,7 @@ def main() -> None:
     ap.add_argument("--depth", type=int, default=3)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    ap.add_argument("--devices", type=int, default=1, help="processes (DDP over gloo on CPU when > 1)")
     ap.add_argument("--ckpt-dir", default=None, help="write a checkpoint per epoch here")
     ap.add_argument("--resume", default=None, help="a checkpoint to continue from")
     ap.add_argument("--data", default=None, help="a text file (default: the Python stdlib's sources)")
@@ -75,10 +77,13 @@ def main() -> None:
     if args.ckpt_dir:
         callbacks.append(L.callbacks.ModelCheckpoint(dirpath=args.ckpt_dir, every_n_epochs=1, save_top_k=-1,
                                                      save_last=True, filename="{epoch}"))
-    trainer = L.Trainer(max_epochs=args.epochs, accelerator="cpu", devices=1, plugins=[plugin], logger=False,
+    trainer = L.Trainer(max_epochs=args.epochs, accelerator="cpu", devices=args.devices, plugins=[plugin], logger=False,
+                        strategy="ddp" if args.devices > 1 else "auto",
                         callbacks=callbacks, enable_checkpointing=bool(args.ckpt_dir), enable_progress_bar=False,
                         enable_model_summary=False, num_sanity_val_steps=0)
     trainer.fit(module, train_dl, val_dl, ckpt_path=args.resume)
+    if not trainer.is_global_zero:
+        return
     report = module.fp8_conversion
     print(f"FP8 layers: {len(report)}; kept in high precision: {sorted(report.skipped)}")
     m = trainer.callback_metrics
