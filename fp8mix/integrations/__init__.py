@@ -15,6 +15,7 @@ offer no context hook around it). It does not cover LayerNorm fusion, FSDP or De
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import importlib
@@ -99,8 +100,10 @@ class _Autocast:
     bound: bool
     previous: Any     # model.__dict__'s "forward" before wrapping (None: the class's)
 
-    def __deepcopy__(self, memo):  # a copied model shares the recipe, group and monitor
-        return self
+    def __deepcopy__(self, memo):
+        # a copied model shares the recipe, group and monitor; a previous forward bound to
+        # the model is rebound to the copy (memo maps the model to its copy)
+        return dataclasses.replace(self, previous=copy.deepcopy(self.previous, memo))
 
 
 _ATTR = "_fp8mix_autocast"
@@ -155,7 +158,8 @@ def wrap_forward(model: torch.nn.Module, *, recipe, fp8_group=None, monitor=None
     fwd = model.forward
     bound = isinstance(fwd, types.MethodType) and fwd.__self__ is model
     inner: Callable = fwd.__func__ if isinstance(fwd, types.MethodType) and bound else fwd
-    cfg = _Autocast(recipe, fp8_group, monitor, inner, bound, model.__dict__.get("forward"))
+    cfg = _Autocast(recipe=recipe, group=fp8_group, monitor=monitor, inner=inner, bound=bound,
+                    previous=model.__dict__.get("forward"))
     object.__setattr__(model, _ATTR, cfg)
     model.forward = types.MethodType(_wrapped(inner, bound), model)  # type: ignore[method-assign]
     return model

@@ -138,12 +138,15 @@ def test_evaluation_leaves_the_fp8_state_untouched():
 
 
 def test_deepcopy_of_a_prepared_model_runs_its_own_layers():
-    acc = accelerate.Accelerator(cpu=True)
+    acc = accelerate.Accelerator(mixed_precision="bf16", cpu=True)
     model = prepare(acc, _mlp())
     twin = copy.deepcopy(model)
     x, y = _batch(0)
     F.mse_loss(twin(x), y).backward()
     assert twin[0].fp8_steps[0] == 1 and model[0].fp8_steps[0] == 0  # the copy's forward is the copy's
+    plain = acc.unwrap_model(twin, keep_fp32_wrapper=False)
+    F.mse_loss(plain(x), y).backward()
+    assert twin[0].fp8_steps[0] == 2 and model[0].fp8_steps[0] == 0
 
 
 def test_unwrap_model_without_the_autocast_wrapper_keeps_fp8():
