@@ -258,7 +258,7 @@ def _role_report(role: str, tensor: torch.Tensor, scale, amax_range) -> dict:
 
 def _layer_report(name: str, layer, captured: dict) -> dict:
     """The JSON entry of one fp8mix.Linear."""
-    from .linear import Linear
+    from .nn import Linear
 
     entry = {"layer": name, "in_features": layer.in_features, "out_features": layer.out_features,
              "ran_in_fp8": int(layer.fp8_steps[0]) > 0, "roles": {}}
