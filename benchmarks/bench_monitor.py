@@ -58,7 +58,7 @@ def build(kind: str, width: int, layers: int, seed: int = 0):
         def loss_fn(m):
             return nn.functional.mse_loss(m(x), y)
         return model, loss_fn
-    from fp8mix.demo import GPT
+    from fp8mix.tools.demo.model import GPT
 
     seq = 64
     model = fp8mix.convert_model(GPT(layers=layers, d_model=width, heads=4, seq_len=seq))

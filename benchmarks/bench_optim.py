@@ -44,8 +44,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _machine import cpu_model  # noqa: E402
 
 import fp8mix  # noqa: E402
-from fp8mix.demo import GPT, batch, evaluate, load_corpus, lr_at, split_corpus  # noqa: E402
 from fp8mix.optim import AdamW, bytes_per_param  # noqa: E402
+from fp8mix.tools.demo.data import batch, load_corpus, split_corpus  # noqa: E402
+from fp8mix.tools.demo.model import GPT, evaluate, lr_at  # noqa: E402
 
 # (label, exp_avg_dtype, exp_avg_sq_dtype); None = torch.optim.AdamW, the reference
 CONFIGS = [

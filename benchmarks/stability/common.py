@@ -39,9 +39,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import fp8mix
-from fp8mix import demo, grad_stats
+from fp8mix import grad_stats
 from fp8mix.formats import fp8_max
 from fp8mix.numerics import quant_stats
+from fp8mix.tools import demo
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))

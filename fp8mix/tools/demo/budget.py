@@ -1,0 +1,101 @@
+"""How long the demo will take, and which runs fit: a few timed steps per variant.
+
+Before the runs start each variant trains a throwaway copy of the model for one warm-up
+and up to ``PROBE_STEPS`` timed steps (torch's RNG state is restored afterwards, so the
+real runs are unchanged). From the median step time:
+
+* ETA per variant = remaining steps x step time x (1 + validation share), validation
+  share = eval_batches / (3 eval_every) (a validation batch is a forward, about a third
+  of a training step);
+* a slow bfloat16: on CPUs without native bfloat16 (AVX2 only; torch's bf16 matmul is
+  30-160x slower than float32 there) a bf16 step takes many times a float32 one. When
+  the runs were not chosen with ``--recipes`` (the default set) and bf16's step takes
+  more than ``SLOW_BF16`` times fp32's, the bf16 run is skipped with a note; with an
+  explicit ``--recipes`` it runs, and the note gives its ETA.
+"""
+from __future__ import annotations
+
+import dataclasses
+import statistics
+
+import torch
+
+from .data import batch
+from .train import Run
+
+__all__ = ["PROBE_STEPS", "SLOW_BF16", "Plan", "probe_step_s", "plan_runs", "format_duration"]
+
+PROBE_WARMUP = 1
+PROBE_STEPS = 2
+LONG_STEP_S = 0.5  # one timed step this long is measurement enough
+SLOW_BF16 = 3.0
+
+
+def probe_step_s(name: str, base: torch.nn.Module, cfg, train: torch.Tensor, train_starts: torch.Tensor,
+                 device: torch.device) -> float:
+    """Median seconds of one training step of variant `name` on a throwaway copy of
+    `base` (after a warm-up step), on the first batches of `train_starts`."""
+    cpu_rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
+    r = Run(name, base, cfg, device)
+    try:
+        for i in range(PROBE_WARMUP + PROBE_STEPS):
+            x, y = batch(train, train_starts[i % len(train_starts)], cfg.seq_len, device)
+            r.step(i, x, y, sample=False)
+            if i >= PROBE_WARMUP and r.times[-1] >= LONG_STEP_S:
+                break
+    finally:
+        r.close()
+        torch.set_rng_state(cpu_rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
+    return statistics.median(r.times[PROBE_WARMUP:])
+
+
+@dataclasses.dataclass
+class Plan:
+    """Which variants train, which were skipped (variant -> reason), notes to print, and
+    the estimated seconds per variant (all its seeds) and in total."""
+
+    runs: list
+    skipped: dict
+    notes: list
+    eta_s: dict
+    step_s: dict
+
+    @property
+    def total_s(self) -> float:
+        return sum(self.eta_s.values())
+
+
+def format_duration(s: float) -> str:
+    """'45 s', '3.2 min', '1.5 h'."""
+    if s < 90:
+        return f"{s:.0f} s"
+    if s < 5400:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def plan_runs(names: list, step_s: dict, steps_left: dict, cfg, *, explicit: bool, torch_isa: str) -> Plan:
+    """The plan for variants `names` given measured `step_s` (variant -> seconds per step)
+    and `steps_left` (variant -> steps still to train over all seeds). `explicit`: the
+    user chose the variants (--recipes), so none is skipped."""
+    share = 1.0 + cfg.eval_batches / (3.0 * cfg.eval_every)
+    eta = {n: steps_left.get(n, 0) * step_s.get(n, 0.0) * share for n in names}
+    plan = Plan(list(names), {}, [], eta, dict(step_s))
+    ref = step_s.get("fp32")
+    slow = step_s.get("bf16")
+    if ref and slow and slow > SLOW_BF16 * ref:
+        why = (f"a bfloat16 step takes {slow / ref:.0f}x a float32 one on this CPU (torch's CPU kernels: "
+               f"{torch_isa}; no native bfloat16 matmul), so the bf16 run alone would take ~"
+               f"{format_duration(eta['bf16'])}")
+        if explicit:
+            plan.notes.append(f"note: {why}; it runs because --recipes asked for it")
+        else:
+            plan.runs.remove("bf16")
+            plan.skipped["bf16"] = why
+            del plan.eta_s["bf16"]
+            forced = ",".join(names)
+            plan.notes.append(f"bf16: skipped - {why}. Run it anyway with --recipes {forced}")
+    return plan

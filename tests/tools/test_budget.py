@@ -1,0 +1,93 @@
+"""The demo's time budget (fp8mix.tools.demo.budget): timed steps, ETA, a slow bfloat16
+skipped in the default set and kept (with a note) when --recipes asks for it."""
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+import torch
+from tiny_demo import TINY
+
+from fp8mix.tools import cli
+from fp8mix.tools.demo import budget, data, main, model, train
+
+CFG = argparse.Namespace(eval_batches=8, eval_every=50)
+
+
+def test_slow_bf16_is_skipped_from_the_default_set():
+    step = {"fp32": 0.1, "bf16": 4.5, "fp8-delayed": 0.2}
+    left = {"fp32": 400, "bf16": 400, "fp8-delayed": 400}
+    plan = budget.plan_runs(["fp32", "bf16", "fp8-delayed"], step, left, CFG, explicit=False, torch_isa="AVX2")
+    assert plan.runs == ["fp32", "fp8-delayed"] and list(plan.skipped) == ["bf16"]
+    assert "45x" in plan.skipped["bf16"] and "AVX2" in plan.skipped["bf16"]
+    assert any("--recipes fp32,bf16,fp8-delayed" in n for n in plan.notes)
+    share = 1.0 + 8 / (3.0 * 50)  # validation: 8 forward batches (~1/3 step each) every 50 steps
+    assert plan.eta_s == pytest.approx({"fp32": 400 * 0.1 * share, "fp8-delayed": 400 * 0.2 * share})
+    assert plan.total_s == pytest.approx(400 * 0.3 * share)
+
+
+def test_slow_bf16_runs_when_asked_for_and_fast_bf16_always_runs():
+    step = {"fp32": 0.1, "bf16": 4.5}
+    plan = budget.plan_runs(["fp32", "bf16"], step, {"fp32": 10, "bf16": 10}, CFG, explicit=True, torch_isa="AVX2")
+    assert plan.runs == ["fp32", "bf16"] and not plan.skipped
+    assert plan.notes and "runs because --recipes asked for it" in plan.notes[0]
+    fast = {"fp32": 0.1, "bf16": 0.1 * budget.SLOW_BF16}  # at the threshold: not slow
+    plan = budget.plan_runs(["fp32", "bf16"], fast, {"fp32": 10, "bf16": 10}, CFG, explicit=False, torch_isa="X")
+    assert plan.runs == ["fp32", "bf16"] and not plan.notes
+
+
+def test_format_duration():
+    assert budget.format_duration(45) == "45 s"
+    assert budget.format_duration(192) == "3.2 min"
+    assert budget.format_duration(5400) == "1.5 h"
+
+
+def _tiny_setup():
+    cfg = argparse.Namespace(steps=12, lr=3e-3, warmup=1, seq_len=32, eval_every=6, seed=0, eval_batches=2)
+    corpus = torch.randint(0, 256, (20_000,), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
+    tr, va = data.split_corpus(corpus, 32)
+    starts = data.draw_starts(tr, va, steps=12, batch_size=4, eval_batches=2, seq_len=32, seed=0)
+    torch.manual_seed(0)
+    return cfg, tr, va, starts, model.GPT(1, 32, 1, 32)
+
+
+@pytest.mark.parametrize("name", ["fp32", "fp8-delayed"])
+def test_probe_leaves_the_runs_unchanged(name):
+    """A probe before a run changes neither torch's RNG state nor the run's losses."""
+    cfg, tr, va, (ts, vs), base = _tiny_setup()
+    ref = train.train_one(name, base, cfg, (tr, va, ts, vs), torch.device("cpu"), False)
+    rng = torch.get_rng_state()
+    t = budget.probe_step_s(name, base, cfg, tr, ts, torch.device("cpu"))
+    assert 0 < t < 60 and torch.equal(torch.get_rng_state(), rng)
+    again = train.train_one(name, base, cfg, (tr, va, ts, vs), torch.device("cpu"), False)
+    assert again["train_curve"] == ref["train_curve"] and again["val_curve"] == ref["val_curve"]
+
+
+def _fake_probe(times):
+    def probe(name, *args):
+        return times[name]
+    return probe
+
+
+def test_demo_skips_a_slow_bf16_and_says_so(tmp_path, corpus, monkeypatch, capsys):
+    monkeypatch.setattr(main, "probe_step_s", _fake_probe({"fp32": 0.01, "bf16": 0.4, "fp8-delayed": 0.02}))
+    rc = cli.main(["demo", *TINY, "--data", str(corpus), "--out", str(tmp_path / "o")])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "bf16: skipped - a bfloat16 step takes 40x a float32 one" in out
+    assert "Run it anyway with --recipes fp32,bf16,fp8-delayed" in out
+    assert out.index("ETA: ~") < out.index("train loss")
+    doc = json.loads((tmp_path / "o" / "results.json").read_text())
+    assert [r["run"] for r in doc["runs"]] == ["fp32", "fp8-delayed"]
+    assert list(doc["plan"]["skipped"]) == ["bf16"]
+    assert doc["machine"]["fp8mix_isa"] and doc["machine"]["torch_cpu_capability"]
+
+
+def test_demo_runs_a_slow_bf16_that_was_asked_for(tmp_path, corpus, monkeypatch, capsys):
+    monkeypatch.setattr(main, "probe_step_s", _fake_probe({"fp32": 0.01, "bf16": 0.4}))
+    rc = cli.main(["demo", *TINY, "--recipes", "fp32,bf16", "--data", str(corpus), "--out", str(tmp_path / "o")])
+    out = capsys.readouterr().out
+    assert rc == 0 and "it runs because --recipes asked for it" in out
+    doc = json.loads((tmp_path / "o" / "results.json").read_text())
+    assert [r["run"] for r in doc["runs"]] == ["fp32", "bf16"]
