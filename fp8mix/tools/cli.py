@@ -33,7 +33,7 @@ def _add_demo(sub) -> None:
                        description="Train a small byte-level GPT on a local corpus (default: this Python's "
                                    "stdlib sources) in float32, bfloat16 and FP8 from the same initial weights "
                                    "and batches (with --seeds N: N seeds, and each run's gap to float32 with a "
-                                   "95%% interval); print a comparison table and write loss curves (PNG, CSV, "
+                                   "95% interval); print a comparison table and write loss curves (PNG, CSV, "
                                    "JSON). Before the runs, a few timed steps give an ETA. Exit code 1 if a run "
                                    "diverges.")
     p.add_argument("--steps", type=int, default=400, help="training steps per run (default 400)")
