@@ -91,3 +91,50 @@ def test_demo_runs_a_slow_bf16_that_was_asked_for(tmp_path, corpus, monkeypatch,
     assert rc == 0 and "it runs because --recipes asked for it" in out
     doc = json.loads((tmp_path / "o" / "results.json").read_text())
     assert [r["run"] for r in doc["runs"]] == ["fp32", "bf16"]
+
+
+def test_fit_steps_arithmetic():
+    # 400 steps in ~600 s against a 300 s budget: half, rounded down to a multiple of eval_every
+    assert budget.fit_steps(400, 600.0, 300.0, 50) == 200
+    assert budget.fit_steps(400, 500.0, 300.0, 50) == 200  # 240 -> 200
+    assert budget.fit_steps(400, 450.0, 300.0, 7) == 266  # int(266.7) = 266 = 38 * 7
+    assert budget.fit_steps(400, 299.0, 300.0, 50) == 400  # fits: unchanged
+    assert budget.fit_steps(400, 1e6, 300.0, 50) == budget.MIN_FIT_STEPS  # never below the floor
+    assert budget.fit_steps(60, 1e6, 300.0, 50) == 60  # nor above what was asked
+
+
+def _demo_argv(tmp_path, corpus, *extra):
+    tiny = [a for i, a in enumerate(TINY) if a != "--steps" and (i == 0 or TINY[i - 1] != "--steps")]
+    return ["demo", *tiny, "--recipes", "fp32,fp8-delayed", "--data", str(corpus), "--out", str(tmp_path / "o"),
+            *extra]
+
+
+def test_default_demo_is_shortened_to_the_budget(tmp_path, corpus, monkeypatch, capsys):
+    monkeypatch.setattr(main, "probe_step_s", _fake_probe({"fp32": 50.0, "fp8-delayed": 50.0}))
+    monkeypatch.setattr(budget, "MIN_FIT_STEPS", 12)  # the floor, so that the test trains 12 steps, not 100
+    assert cli.main(_demo_argv(tmp_path, corpus)) == 0
+    out = capsys.readouterr().out
+    assert "over the default demo's 5 minutes: training 12 steps per run instead (--steps 400 trains them all)" \
+        in out
+    assert "- over 5 minutes" in out  # even the floor exceeds it at 50 s a step: the ETA says so
+    doc = json.loads((tmp_path / "o" / "results.json").read_text())
+    assert doc["config"]["steps"] == 12 and doc["config"]["warmup"] == 1
+    assert all(len(r["train_curve"]) == 12 for r in doc["runs"])
+
+
+def test_explicit_steps_are_never_shortened(tmp_path, corpus, monkeypatch, capsys):
+    monkeypatch.setattr(main, "probe_step_s", _fake_probe({"fp32": 5.0, "fp8-delayed": 5.0}))
+    assert cli.main(_demo_argv(tmp_path, corpus, "--steps", "12")) == 0
+    assert "training 100 steps" not in capsys.readouterr().out
+    doc = json.loads((tmp_path / "o" / "results.json").read_text())
+    assert doc["config"]["steps"] == 12
+
+
+@pytest.mark.parametrize("extra,may_fit", [([], True), (["--steps", "400"], False), (["--seeds", "2"], False),
+                                           (["--checkpoint-dir", "ck"], False)])
+def test_only_the_default_demo_may_be_shortened(tmp_path, extra, may_fit):
+    """Several seeds are a study the user asked for, and checkpointed runs must keep their
+    configuration to resume: neither is shortened."""
+    args = cli.build_parser().parse_args(["demo", "--out", str(tmp_path / "o"), *extra])
+    _, choices, _ = main._prepare(args)
+    assert choices.may_fit is may_fit and args.steps == 400 and args.warmup == 20

@@ -7,6 +7,10 @@ real runs are unchanged). From the median step time:
 * ETA per variant = remaining steps x step time x (1 + validation share), validation
   share = eval_batches / (3 eval_every) (a validation batch is a forward, about a third
   of a training step);
+* the default demo fits 5 minutes: when ``--steps`` was not given (and the demo neither
+  checkpoints nor trains several seeds) and the ETA exceeds the budget, every run trains
+  fewer steps, the same number for all (``fit_steps``: a multiple of eval_every, at least
+  ``MIN_FIT_STEPS``), with a note;
 * a slow bfloat16: on CPUs without native bfloat16 (AVX2 only; torch's bf16 matmul is
   30-160x slower than float32 there) a bf16 step takes many times a float32 one. When
   the runs were not chosen with ``--recipes`` (the default set) and bf16's step takes
@@ -23,12 +27,14 @@ import torch
 from .data import batch
 from .train import Run
 
-__all__ = ["PROBE_STEPS", "SLOW_BF16", "Plan", "probe_step_s", "plan_runs", "format_duration"]
+__all__ = ["PROBE_STEPS", "SLOW_BF16", "MIN_FIT_STEPS", "Plan", "probe_step_s", "plan_runs", "fit_steps",
+           "format_duration"]
 
 PROBE_WARMUP = 1
 PROBE_STEPS = 2
 LONG_STEP_S = 0.5  # one timed step this long is measurement enough
 SLOW_BF16 = 3.0
+MIN_FIT_STEPS = 100  # fewer steps compare variants while the loss still falls steeply
 
 
 def probe_step_s(name: str, base: torch.nn.Module, cfg, train: torch.Tensor, train_starts: torch.Tensor,
@@ -66,6 +72,22 @@ class Plan:
     @property
     def total_s(self) -> float:
         return sum(self.eta_s.values())
+
+    def scale(self, factor: float) -> None:
+        """Every ETA times `factor` (the runs' steps changed by it)."""
+        self.eta_s = {n: t * factor for n, t in self.eta_s.items()}
+
+
+def fit_steps(steps: int, total_s: float, budget_s: float, eval_every: int) -> int:
+    """The steps per run whose ETA fits `budget_s`, the ETA `total_s` of `steps` scaling
+    linearly: `steps` when it fits, else the largest multiple of `eval_every` that does,
+    but never below MIN_FIT_STEPS (or `steps`, if smaller)."""
+    if total_s <= budget_s or steps <= MIN_FIT_STEPS:
+        return steps
+    n = int(steps * max(budget_s, 0.0) / total_s)
+    if n >= eval_every:
+        n -= n % eval_every
+    return max(MIN_FIT_STEPS, min(n, steps))
 
 
 def format_duration(s: float) -> str:

@@ -1,14 +1,16 @@
 """`python -m fp8mix demo`: the command that puts the demo's pieces together.
 
 Order: check the options, load the corpus, print the header (corpus, model, machine and
-its ISA), check checkpoints, time a few steps per variant (budget.py: ETA, slow bfloat16
-skipped), train every variant for every seed (seed outer, so a stopped demo has whole
-seeds), then print the table, the gaps to float32 (with several seeds) and the summary,
-and write the CSV, JSON and (with matplotlib) PNGs.
+its ISA), check checkpoints, time a few steps per variant (budget.py: slow bfloat16
+skipped, the default demo's steps fitted to 5 minutes, ETA), train every variant for
+every seed (seed outer, so a stopped demo has whole seeds), then print the table, the
+gaps to float32 (with several seeds) and the summary, and write the CSV, JSON and (with
+matplotlib) PNGs.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import platform
@@ -19,7 +21,7 @@ import torch
 import fp8mix
 
 from .._common import UsageError, pick_device, require_positive
-from .budget import PROBE_STEPS, format_duration, plan_runs, probe_step_s
+from .budget import PROBE_STEPS, fit_steps, format_duration, plan_runs, probe_step_s
 from .checkpoint import LossLog, prepare_checkpoints
 from .data import draw_starts, load_corpus, split_corpus
 from .model import GPT
@@ -43,6 +45,18 @@ from .variants import DEFAULT_RUNS, RunSpec, is_fp8, parse_recipes
 __all__ = ["run", "check_args", "machine_info"]
 
 BUDGET_S = 300.0  # the default demo is meant to finish within 5 minutes
+DEFAULT_STEPS = 400
+
+
+@dataclasses.dataclass(frozen=True)
+class Choices:
+    """What the user left to the demo: the variants (explicit_recipes False: the default
+    set, a slow bf16 may be skipped), the steps (may_fit: shortened to the budget), the
+    warmup (derived from the steps)."""
+
+    explicit_recipes: bool
+    may_fit: bool
+    warmup_given: bool
 
 
 def check_args(cfg) -> None:
@@ -68,16 +82,19 @@ def machine_info() -> dict:
 
 
 def _prepare(args) -> tuple:
-    """Defaults, checks, device, output folder; returns (variants, explicit, device)."""
+    """Defaults, checks, device, output folder; returns (variants, Choices, device)."""
+    if getattr(args, "seeds", None) is None:
+        args.seeds = 1
+    choices = Choices(explicit_recipes=args.recipes is not None, warmup_given=args.warmup is not None,
+                      may_fit=args.steps is None and args.seeds == 1 and getattr(args, "checkpoint_dir", None) is None)
+    if args.steps is None:
+        args.steps = DEFAULT_STEPS
     if args.heads is None:
         args.heads = max(1, args.d_model // 32)
     if args.warmup is None:
         args.warmup = max(1, args.steps // 20)
-    if getattr(args, "seeds", None) is None:
-        args.seeds = 1
     check_args(args)
-    explicit = args.recipes is not None
-    names = parse_recipes(args.recipes if explicit else DEFAULT_RUNS)
+    names = parse_recipes(args.recipes if choices.explicit_recipes else DEFAULT_RUNS)
     device = pick_device(args.device)
     if device.type == "cuda" and any(is_fp8(n) for n in names) and not \
             torch._C._dispatch_has_kernel_for_dispatch_key("fp8mix::scaled_mm", "CUDA"):
@@ -86,7 +103,7 @@ def _prepare(args) -> tuple:
         os.makedirs(args.out, exist_ok=True)
     except OSError as exc:
         raise UsageError(f"cannot create --out {args.out!r}: {exc.strerror}") from None
-    return names, explicit, device
+    return names, choices, device
 
 
 def _seed_data(args, train, val, seed: int) -> tuple:
@@ -121,26 +138,47 @@ def _steps_left(specs: list, resume: dict, steps: int) -> dict:
     return left
 
 
-def _plan(args, names: list, explicit: bool, specs: list, resume: dict, seed0: tuple, train, device):
-    """Time a few steps of every variant with steps left, print the notes and the ETA."""
+def _plan(args, names: list, choices: Choices, specs: list, resume: dict, seed0: tuple, train, device):
+    """Time a few steps of every variant with steps left; print the timings and notes."""
     left = _steps_left(specs, resume, args.steps)
     base, train_starts, _ = seed0
     step_s = {n: probe_step_s(n, base, args, train, train_starts, device) for n in names if left.get(n)}
-    plan = plan_runs(names, step_s, left, args, explicit=explicit,
+    plan = plan_runs(names, step_s, left, args, explicit=choices.explicit_recipes,
                      torch_isa=str(torch.backends.cpu.get_cpu_capability()))
     if step_s:
         print(f"timing (1 warm-up + up to {PROBE_STEPS} steps each): "
               + ", ".join(f"{n} {1000 * t:.0f} ms/step" for n, t in step_s.items()))
     for note in plan.notes:
         print(note)
-    if not step_s:
+    return plan
+
+
+def _fit(args, plan, choices: Choices, budget_s: float) -> bool:
+    """Shorten every run of the default demo to fit `budget_s` (see budget.fit_steps);
+    True when the steps changed (the batches must be drawn again)."""
+    if not choices.may_fit:
+        return False
+    steps = fit_steps(args.steps, plan.total_s, budget_s, args.eval_every)
+    if steps == args.steps:
+        return False
+    print(f"steps: {args.steps} per run would take ~{format_duration(plan.total_s)}, over the default demo's "
+          f"{BUDGET_S / 60:.0f} minutes: training {steps} steps per run instead (--steps {args.steps} trains "
+          "them all)")
+    plan.scale(steps / args.steps)
+    args.steps = steps
+    if not choices.warmup_given:
+        args.warmup = max(1, steps // 20)
+    return True
+
+
+def _print_eta(plan) -> None:
+    if not plan.step_s:
         print("ETA: nothing to train (every run's final checkpoint exists)", flush=True)
-        return plan
+        return
     per = ", ".join(f"{n} ~{format_duration(t)}" for n, t in plan.eta_s.items() if t)
     over = f" - over {BUDGET_S / 60:.0f} minutes: fewer --steps or --recipes shorten it" \
         if plan.total_s > BUDGET_S else ""
     print(f"ETA: ~{format_duration(plan.total_s)} ({per}){over}", flush=True)
-    return plan
 
 
 def _train_all(args, specs: list, seed_data: dict, split: tuple, device, ckpt, configs, resume) -> list:
@@ -177,7 +215,8 @@ def _write_outputs(args, desc: str, results: list, gaps: dict, seeds: list, extr
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of `python -m fp8mix demo` (args from fp8mix.tools.cli). Returns the exit code."""
-    names, explicit, device = _prepare(args)
+    t_start = time.perf_counter()
+    names, choices, device = _prepare(args)
     corpus, desc = load_corpus(args.data)
     train, val = split_corpus(corpus, args.seq_len)
     seeds = [args.seed + i for i in range(args.seeds)]
@@ -188,7 +227,10 @@ def run(args: argparse.Namespace) -> int:
     if ckpt is not None:
         print(f"checkpoints: {ckpt.folder} every {ckpt.every} steps"
               + (f"; resuming {len(resume)} of {len(specs)} runs" if ckpt.resume else ""), flush=True)
-    plan = _plan(args, names, explicit, specs, resume, seed_data[seeds[0]], train, device)
+    plan = _plan(args, names, choices, specs, resume, seed_data[seeds[0]], train, device)
+    if _fit(args, plan, choices, BUDGET_S - (time.perf_counter() - t_start)):
+        seed_data = {s: _seed_data(args, train, val, s) for s in seeds}
+    _print_eta(plan)
     specs = [s for s in specs if s.variant in plan.runs]
     t0 = time.perf_counter()
     results = _train_all(args, specs, seed_data, (train, val), device, ckpt, configs, resume)
