@@ -20,7 +20,7 @@ def test_slow_bf16_is_skipped_from_the_default_set():
     left = {"fp32": 400, "bf16": 400, "fp8-delayed": 400}
     plan = budget.plan_runs(["fp32", "bf16", "fp8-delayed"], step, left, CFG, explicit=False, torch_isa="AVX2")
     assert plan.runs == ["fp32", "fp8-delayed"] and list(plan.skipped) == ["bf16"]
-    assert "45x" in plan.skipped["bf16"] and "AVX2" in plan.skipped["bf16"]
+    assert "took 45x" in plan.skipped["bf16"] and "AVX2" in plan.skipped["bf16"]
     assert any("--recipes fp32,bf16,fp8-delayed" in n for n in plan.notes)
     share = 1.0 + 8 / (3.0 * 50)  # validation: 8 forward batches (~1/3 step each) every 50 steps
     assert plan.eta_s == pytest.approx({"fp32": 400 * 0.1 * share, "fp8-delayed": 400 * 0.2 * share})
@@ -75,7 +75,7 @@ def test_demo_skips_a_slow_bf16_and_says_so(tmp_path, corpus, monkeypatch, capsy
     rc = cli.main(["demo", *TINY, "--data", str(corpus), "--out", str(tmp_path / "o")])
     out = capsys.readouterr().out
     assert rc == 0
-    assert "bf16: skipped - a bfloat16 step takes 40x a float32 one" in out
+    assert "bf16: skipped - a bfloat16 step took 40x a float32 one here" in out
     assert "Run it anyway with --recipes fp32,bf16,fp8-delayed" in out
     assert out.index("ETA: ~") < out.index("train loss")
     doc = json.loads((tmp_path / "o" / "results.json").read_text())
@@ -95,12 +95,13 @@ def test_demo_runs_a_slow_bf16_that_was_asked_for(tmp_path, corpus, monkeypatch,
 
 def test_fit_steps_arithmetic():
     # 400 steps in ~600 s against a 300 s budget: half, rounded down to a multiple of eval_every
-    assert budget.fit_steps(400, 600.0, 300.0, 50) == 200
-    assert budget.fit_steps(400, 500.0, 300.0, 50) == 200  # 240 -> 200
-    assert budget.fit_steps(400, 450.0, 300.0, 7) == 266  # int(266.7) = 266 = 38 * 7
+    assert budget.MIN_FIT_STEPS == 200
+    assert budget.fit_steps(400, 400.0, 300.0, 50) == 300
+    assert budget.fit_steps(400, 360.0, 300.0, 50) == 300  # 333 -> 300
+    assert budget.fit_steps(400, 350.0, 300.0, 7) == 336  # int(342.9) = 342 -> 336 = 48 * 7
     assert budget.fit_steps(400, 299.0, 300.0, 50) == 400  # fits: unchanged
     assert budget.fit_steps(400, 1e6, 300.0, 50) == budget.MIN_FIT_STEPS  # never below the floor
-    assert budget.fit_steps(60, 1e6, 300.0, 50) == 60  # nor above what was asked
+    assert budget.fit_steps(160, 1e6, 300.0, 50) == 160  # nor above what was asked
 
 
 def _demo_argv(tmp_path, corpus, *extra):
@@ -125,7 +126,7 @@ def test_default_demo_is_shortened_to_the_budget(tmp_path, corpus, monkeypatch, 
 def test_explicit_steps_are_never_shortened(tmp_path, corpus, monkeypatch, capsys):
     monkeypatch.setattr(main, "probe_step_s", _fake_probe({"fp32": 5.0, "fp8-delayed": 5.0}))
     assert cli.main(_demo_argv(tmp_path, corpus, "--steps", "12")) == 0
-    assert "training 100 steps" not in capsys.readouterr().out
+    assert "steps per run instead" not in capsys.readouterr().out
     doc = json.loads((tmp_path / "o" / "results.json").read_text())
     assert doc["config"]["steps"] == 12
 

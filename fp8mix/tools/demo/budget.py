@@ -10,7 +10,7 @@ real runs are unchanged). From the median step time:
 * the default demo fits 5 minutes: when ``--steps`` was not given (and the demo neither
   checkpoints nor trains several seeds) and the ETA exceeds the budget, every run trains
   fewer steps, the same number for all (``fit_steps``: a multiple of eval_every, at least
-  ``MIN_FIT_STEPS``), with a note;
+  ``MIN_FIT_STEPS``, half the default), with a note;
 * a slow bfloat16: on CPUs without native bfloat16 (AVX2 only; torch's bf16 matmul is
   30-160x slower than float32 there) a bf16 step takes many times a float32 one. When
   the runs were not chosen with ``--recipes`` (the default set) and bf16's step takes
@@ -34,7 +34,7 @@ PROBE_WARMUP = 1
 PROBE_STEPS = 2
 LONG_STEP_S = 0.5  # one timed step this long is measurement enough
 SLOW_BF16 = 3.0
-MIN_FIT_STEPS = 100  # fewer steps compare variants while the loss still falls steeply
+MIN_FIT_STEPS = 200  # half the default: shorter runs compare points where the loss still falls steeply
 
 
 def probe_step_s(name: str, base: torch.nn.Module, cfg, train: torch.Tensor, train_starts: torch.Tensor,
@@ -109,9 +109,9 @@ def plan_runs(names: list, step_s: dict, steps_left: dict, cfg, *, explicit: boo
     ref = step_s.get("fp32")
     slow = step_s.get("bf16")
     if ref and slow and slow > SLOW_BF16 * ref:
-        why = (f"a bfloat16 step takes {slow / ref:.0f}x a float32 one on this CPU (torch's CPU kernels: "
-               f"{torch_isa}; no native bfloat16 matmul), so the bf16 run alone would take ~"
-               f"{format_duration(eta['bf16'])}")
+        why = (f"a bfloat16 step took {slow / ref:.0f}x a float32 one here (torch's CPU kernels: {torch_isa}; "
+               "CPUs without native bfloat16 run it 30-160x slower, a loaded machine a few times), so the bf16 run "
+               f"alone would take ~{format_duration(eta['bf16'])}")
         if explicit:
             plan.notes.append(f"note: {why}; it runs because --recipes asked for it")
         else:
