@@ -77,11 +77,11 @@ def dynamic_range(x: torch.Tensor) -> float:
     return float(torch.log2(a.max() / a.min()))
 
 
-def recommend(stats: dict, amax: float) -> tuple[str, str]:
+def recommend(stats: dict) -> tuple[str, str]:
     """(format name, reason) for one tensor from its E4M3 and E5M2 QuantStats: the rule of
     Format.AUTO (fp8mix.auto_format.prefer, with AutoFormat's default range tolerance),
     so inspect and AUTO give the same advice for the same casts."""
-    fmt, reason = prefer(stats["E4M3"], stats["E5M2"], AUTO_POLICY.range_tolerance, amax)
+    fmt, reason = prefer(stats["E4M3"], stats["E5M2"], AUTO_POLICY.range_tolerance)
     return fmt.name, reason
 
 
@@ -225,18 +225,11 @@ def _role_report(role: str, tensor: torch.Tensor, scale, amax_range) -> dict:
         s = s if s is None or (math.isfinite(s) and s > 0) else None
         stats[fmt.name] = cast_stats(tensor, fmt, s)
     drange = dynamic_range(tensor)
-    rec, reason = recommend(stats, _finite_amax(tensor))
+    rec, reason = recommend(stats)
     pct = {f: {"overflow_pct": 100.0 * st.overflow_frac, "underflow_pct": 100.0 * st.underflow_frac,
                "sqnr_db": st.sqnr_db} for f, st in stats.items()}
     return {"amax_range": amax_range, "dynamic_range_binades": drange, "recommended": rec, "reason": reason,
             "formats": pct, "scale_basis_amax": basis}
-
-
-def _finite_amax(x: torch.Tensor) -> float:
-    """max |x| over the finite values (0 when there is none)."""
-    a = x.detach().float().abs()
-    a = a[torch.isfinite(a)]
-    return float(a.max()) if a.numel() else 0.0
 
 
 def _layer_report(name: str, layer, captured: dict) -> dict:

@@ -41,7 +41,7 @@ def test_narrow_gaussian_gets_e4m3():
     st = _stats(x)
     assert st["E4M3"].underflow_frac <= expected_flush + _tol(expected_flush)
     assert st["E4M3"].overflow_frac == 0.0  # the scale comes from the amax
-    fmt, reason = fp8inspect.recommend(st, amax)
+    fmt, reason = fp8inspect.recommend(st)
     assert fmt == "E4M3" and reason.startswith("precision")
     # E4M3 keeps 3 mantissa bits, E5M2 2: about 6 dB more SQNR for values inside the range
     assert st["E4M3"].sqnr_db - st["E5M2"].sqnr_db > 5.0
@@ -60,7 +60,7 @@ def test_thirty_binades_get_e5m2():
     st = _stats(x.float())
     assert abs(st["E4M3"].underflow_frac - expected4) < _tol(expected4), (st["E4M3"].underflow_frac, expected4)
     assert st["E5M2"].underflow_frac == 0.0
-    fmt, reason = fp8inspect.recommend(st, 1.0)
+    fmt, reason = fp8inspect.recommend(st)
     assert fmt == "E5M2" and reason.startswith("range")
 
 
