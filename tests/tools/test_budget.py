@@ -16,23 +16,33 @@ CFG = argparse.Namespace(eval_batches=8, eval_every=50)
 
 
 def test_slow_bf16_is_skipped_from_the_default_set():
-    step = {"fp32": 0.1, "bf16": 4.5, "fp8-delayed": 0.2}
+    step = {"fp32": [0.1, 0.3, 0.1], "bf16": [4.5], "fp8-delayed": [0.2, 0.2, 0.25]}
     left = {"fp32": 400, "bf16": 400, "fp8-delayed": 400}
     plan = budget.plan_runs(["fp32", "bf16", "fp8-delayed"], step, left, CFG, explicit=False, torch_isa="AVX2")
     assert plan.runs == ["fp32", "fp8-delayed"] and list(plan.skipped) == ["bf16"]
     assert "took 45x" in plan.skipped["bf16"] and "AVX2" in plan.skipped["bf16"]
     assert any("--recipes fp32,bf16,fp8-delayed" in n for n in plan.notes)
     share = 1.0 + 8 / (3.0 * 50)  # validation: 8 forward batches (~1/3 step each) every 50 steps
+    # ETA from the median step, the bf16 ratio from the fastest (4.5 / 0.1 = 45x)
     assert plan.eta_s == pytest.approx({"fp32": 400 * 0.1 * share, "fp8-delayed": 400 * 0.2 * share})
     assert plan.total_s == pytest.approx(400 * 0.3 * share)
 
 
+def test_slow_bf16_ratio_uses_the_fastest_steps():
+    """One fp32 step slowed by another process must not hide a slow bf16 (medians 1.0 vs 2.0
+    would say 2x; the fastest steps 0.3 vs 2.0 say 6.7x)."""
+    samples = {"fp32": [1.0, 0.3, 1.2], "bf16": [2.0]}
+    plan = budget.plan_runs(["fp32", "bf16"], samples, {"fp32": 10, "bf16": 10}, CFG, explicit=False, torch_isa="X")
+    assert plan.runs == ["fp32"] and "took 7x" in plan.skipped["bf16"]
+    assert plan.step_s == {"fp32": 1.0, "bf16": 2.0}
+
+
 def test_slow_bf16_runs_when_asked_for_and_fast_bf16_always_runs():
-    step = {"fp32": 0.1, "bf16": 4.5}
+    step = {"fp32": [0.1], "bf16": [4.5]}
     plan = budget.plan_runs(["fp32", "bf16"], step, {"fp32": 10, "bf16": 10}, CFG, explicit=True, torch_isa="AVX2")
     assert plan.runs == ["fp32", "bf16"] and not plan.skipped
     assert plan.notes and "runs because --recipes asked for it" in plan.notes[0]
-    fast = {"fp32": 0.1, "bf16": 0.1 * budget.SLOW_BF16}  # at the threshold: not slow
+    fast = {"fp32": [0.1], "bf16": [0.1 * budget.SLOW_BF16]}  # at the threshold: not slow
     plan = budget.plan_runs(["fp32", "bf16"], fast, {"fp32": 10, "bf16": 10}, CFG, explicit=False, torch_isa="X")
     assert plan.runs == ["fp32", "bf16"] and not plan.notes
 
@@ -58,20 +68,21 @@ def test_probe_leaves_the_runs_unchanged(name):
     cfg, tr, va, (ts, vs), base = _tiny_setup()
     ref = train.train_one(name, base, cfg, (tr, va, ts, vs), torch.device("cpu"), False)
     rng = torch.get_rng_state()
-    t = budget.probe_step_s(name, base, cfg, tr, ts, torch.device("cpu"))
-    assert 0 < t < 60 and torch.equal(torch.get_rng_state(), rng)
+    t = budget.probe([name, "bf16"], base, cfg, tr, ts, torch.device("cpu"))
+    assert set(t) == {name, "bf16"} and all(1 <= len(v) <= budget.PROBE_STEPS and min(v) > 0 for v in t.values())
+    assert torch.equal(torch.get_rng_state(), rng)
     again = train.train_one(name, base, cfg, (tr, va, ts, vs), torch.device("cpu"), False)
     assert again["train_curve"] == ref["train_curve"] and again["val_curve"] == ref["val_curve"]
 
 
 def _fake_probe(times):
-    def probe(name, *args):
-        return times[name]
+    def probe(names, *args):
+        return {n: [times[n]] for n in names}
     return probe
 
 
 def test_demo_skips_a_slow_bf16_and_says_so(tmp_path, corpus, monkeypatch, capsys):
-    monkeypatch.setattr(main, "probe_step_s", _fake_probe({"fp32": 0.01, "bf16": 0.4, "fp8-delayed": 0.02}))
+    monkeypatch.setattr(main, "probe", _fake_probe({"fp32": 0.01, "bf16": 0.4, "fp8-delayed": 0.02}))
     rc = cli.main(["demo", *TINY, "--data", str(corpus), "--out", str(tmp_path / "o")])
     out = capsys.readouterr().out
     assert rc == 0
@@ -85,7 +96,7 @@ def test_demo_skips_a_slow_bf16_and_says_so(tmp_path, corpus, monkeypatch, capsy
 
 
 def test_demo_runs_a_slow_bf16_that_was_asked_for(tmp_path, corpus, monkeypatch, capsys):
-    monkeypatch.setattr(main, "probe_step_s", _fake_probe({"fp32": 0.01, "bf16": 0.4}))
+    monkeypatch.setattr(main, "probe", _fake_probe({"fp32": 0.01, "bf16": 0.4}))
     rc = cli.main(["demo", *TINY, "--recipes", "fp32,bf16", "--data", str(corpus), "--out", str(tmp_path / "o")])
     out = capsys.readouterr().out
     assert rc == 0 and "it runs because --recipes asked for it" in out
@@ -111,7 +122,7 @@ def _demo_argv(tmp_path, corpus, *extra):
 
 
 def test_default_demo_is_shortened_to_the_budget(tmp_path, corpus, monkeypatch, capsys):
-    monkeypatch.setattr(main, "probe_step_s", _fake_probe({"fp32": 50.0, "fp8-delayed": 50.0}))
+    monkeypatch.setattr(main, "probe", _fake_probe({"fp32": 50.0, "fp8-delayed": 50.0}))
     monkeypatch.setattr(budget, "MIN_FIT_STEPS", 12)  # the floor, so that the test trains 12 steps, not 100
     assert cli.main(_demo_argv(tmp_path, corpus)) == 0
     out = capsys.readouterr().out
@@ -124,7 +135,7 @@ def test_default_demo_is_shortened_to_the_budget(tmp_path, corpus, monkeypatch, 
 
 
 def test_explicit_steps_are_never_shortened(tmp_path, corpus, monkeypatch, capsys):
-    monkeypatch.setattr(main, "probe_step_s", _fake_probe({"fp32": 5.0, "fp8-delayed": 5.0}))
+    monkeypatch.setattr(main, "probe", _fake_probe({"fp32": 5.0, "fp8-delayed": 5.0}))
     assert cli.main(_demo_argv(tmp_path, corpus, "--steps", "12")) == 0
     assert "steps per run instead" not in capsys.readouterr().out
     doc = json.loads((tmp_path / "o" / "results.json").read_text())

@@ -1,10 +1,12 @@
 """How long the demo will take, and which runs fit: a few timed steps per variant.
 
 Before the runs start each variant trains a throwaway copy of the model for one warm-up
-and up to ``PROBE_STEPS`` timed steps (torch's RNG state is restored afterwards, so the
-real runs are unchanged). From the median step time:
+and up to ``PROBE_STEPS`` timed steps, the variants taking turns step by step so that a
+change in the machine's load (other processes) hits all of them alike; a variant whose
+timed step took ``LONG_STEP_S`` or more is measured enough and sits out the other turns.
+torch's RNG state is restored afterwards, so the real runs are unchanged. Then:
 
-* ETA per variant = remaining steps x step time x (1 + validation share), validation
+* ETA per variant = remaining steps x median step x (1 + validation share), validation
   share = eval_batches / (3 eval_every) (a validation batch is a forward, about a third
   of a training step);
 * the default demo fits 5 minutes: when ``--steps`` was not given (and the demo neither
@@ -13,9 +15,10 @@ real runs are unchanged). From the median step time:
   ``MIN_FIT_STEPS``, half the default), with a note;
 * a slow bfloat16: on CPUs without native bfloat16 (AVX2 only; torch's bf16 matmul is
   30-160x slower than float32 there) a bf16 step takes many times a float32 one. When
-  the runs were not chosen with ``--recipes`` (the default set) and bf16's step takes
-  more than ``SLOW_BF16`` times fp32's, the bf16 run is skipped with a note; with an
-  explicit ``--recipes`` it runs, and the note gives its ETA.
+  the runs were not chosen with ``--recipes`` (the default set) and bf16's fastest step
+  took more than ``SLOW_BF16`` times fp32's fastest (the fastest: the step least
+  disturbed by other processes), the bf16 run is skipped with a note; with an explicit
+  ``--recipes`` it runs, and the note gives its ETA.
 """
 from __future__ import annotations
 
@@ -27,47 +30,52 @@ import torch
 from .data import batch
 from .train import Run
 
-__all__ = ["PROBE_STEPS", "SLOW_BF16", "MIN_FIT_STEPS", "Plan", "probe_step_s", "plan_runs", "fit_steps",
+__all__ = ["PROBE_STEPS", "SLOW_BF16", "MIN_FIT_STEPS", "Plan", "probe", "plan_runs", "fit_steps",
            "format_duration"]
 
 PROBE_WARMUP = 1
-PROBE_STEPS = 2
+PROBE_STEPS = 3
 LONG_STEP_S = 0.5  # one timed step this long is measurement enough
 SLOW_BF16 = 3.0
 MIN_FIT_STEPS = 200  # half the default: shorter runs compare points where the loss still falls steeply
 
 
-def probe_step_s(name: str, base: torch.nn.Module, cfg, train: torch.Tensor, train_starts: torch.Tensor,
-                 device: torch.device) -> float:
-    """Median seconds of one training step of variant `name` on a throwaway copy of
-    `base` (after a warm-up step), on the first batches of `train_starts`."""
+def probe(names: list, base: torch.nn.Module, cfg, train: torch.Tensor, train_starts: torch.Tensor,
+          device: torch.device) -> dict:
+    """variant -> seconds of its timed training steps (1 to PROBE_STEPS), each variant on a
+    throwaway copy of `base` after a warm-up step, on the first batches of `train_starts`;
+    the variants take turns step by step (see the module docstring)."""
     cpu_rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
-    r = Run(name, base, cfg, device)
+    runs = {n: Run(n, base, cfg, device) for n in names}
     try:
         for i in range(PROBE_WARMUP + PROBE_STEPS):
             x, y = batch(train, train_starts[i % len(train_starts)], cfg.seq_len, device)
-            r.step(i, x, y, sample=False)
-            if i >= PROBE_WARMUP and r.times[-1] >= LONG_STEP_S:
-                break
+            for r in runs.values():
+                if i > PROBE_WARMUP and r.times[-1] >= LONG_STEP_S:
+                    continue
+                r.step(i, x, y, sample=False)
     finally:
-        r.close()
+        for r in runs.values():
+            r.close()
         torch.set_rng_state(cpu_rng)
         if cuda_rng is not None:
             torch.cuda.set_rng_state_all(cuda_rng)
-    return statistics.median(r.times[PROBE_WARMUP:])
+    return {n: r.times[PROBE_WARMUP:] for n, r in runs.items()}
 
 
 @dataclasses.dataclass
 class Plan:
-    """Which variants train, which were skipped (variant -> reason), notes to print, and
-    the estimated seconds per variant (all its seeds) and in total."""
+    """Which variants train, which were skipped (variant -> reason), notes to print, the
+    estimated seconds per variant (all its seeds) and in total, the median step per
+    variant and the probe's samples."""
 
     runs: list
     skipped: dict
     notes: list
     eta_s: dict
     step_s: dict
+    samples: dict
 
     @property
     def total_s(self) -> float:
@@ -99,15 +107,16 @@ def format_duration(s: float) -> str:
     return f"{s / 3600:.1f} h"
 
 
-def plan_runs(names: list, step_s: dict, steps_left: dict, cfg, *, explicit: bool, torch_isa: str) -> Plan:
-    """The plan for variants `names` given measured `step_s` (variant -> seconds per step)
-    and `steps_left` (variant -> steps still to train over all seeds). `explicit`: the
-    user chose the variants (--recipes), so none is skipped."""
+def plan_runs(names: list, samples: dict, steps_left: dict, cfg, *, explicit: bool, torch_isa: str) -> Plan:
+    """The plan for variants `names` given the probe's `samples` (variant -> seconds of its
+    timed steps) and `steps_left` (variant -> steps still to train over all seeds).
+    `explicit`: the user chose the variants (--recipes), so none is skipped."""
     share = 1.0 + cfg.eval_batches / (3.0 * cfg.eval_every)
+    step_s = {n: statistics.median(v) for n, v in samples.items() if v}
     eta = {n: steps_left.get(n, 0) * step_s.get(n, 0.0) * share for n in names}
-    plan = Plan(list(names), {}, [], eta, dict(step_s))
-    ref = step_s.get("fp32")
-    slow = step_s.get("bf16")
+    plan = Plan(list(names), {}, [], eta, step_s, dict(samples))
+    ref = min(samples["fp32"]) if samples.get("fp32") else None
+    slow = min(samples["bf16"]) if samples.get("bf16") else None
     if ref and slow and slow > SLOW_BF16 * ref:
         why = (f"a bfloat16 step took {slow / ref:.0f}x a float32 one here (torch's CPU kernels: {torch_isa}; "
                "CPUs without native bfloat16 run it 30-160x slower, a loaded machine a few times), so the bf16 run "

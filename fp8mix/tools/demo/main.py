@@ -21,7 +21,7 @@ import torch
 import fp8mix
 
 from .._common import UsageError, pick_device, require_positive
-from .budget import PROBE_STEPS, fit_steps, format_duration, plan_runs, probe_step_s
+from .budget import PROBE_STEPS, fit_steps, format_duration, plan_runs, probe
 from .checkpoint import LossLog, prepare_checkpoints
 from .data import draw_starts, load_corpus, split_corpus
 from .model import GPT
@@ -142,12 +142,12 @@ def _plan(args, names: list, choices: Choices, specs: list, resume: dict, seed0:
     """Time a few steps of every variant with steps left; print the timings and notes."""
     left = _steps_left(specs, resume, args.steps)
     base, train_starts, _ = seed0
-    step_s = {n: probe_step_s(n, base, args, train, train_starts, device) for n in names if left.get(n)}
-    plan = plan_runs(names, step_s, left, args, explicit=choices.explicit_recipes,
+    samples = probe([n for n in names if left.get(n)], base, args, train, train_starts, device)
+    plan = plan_runs(names, samples, left, args, explicit=choices.explicit_recipes,
                      torch_isa=str(torch.backends.cpu.get_cpu_capability()))
-    if step_s:
-        print(f"timing (1 warm-up + up to {PROBE_STEPS} steps each): "
-              + ", ".join(f"{n} {1000 * t:.0f} ms/step" for n, t in step_s.items()))
+    if samples:
+        print(f"timing (1 warm-up + up to {PROBE_STEPS} steps each, taking turns; median / fastest): "
+              + ", ".join(f"{n} {1000 * plan.step_s[n]:.0f} / {1000 * min(v):.0f} ms" for n, v in samples.items()))
     for note in plan.notes:
         print(note)
     return plan
@@ -237,7 +237,8 @@ def run(args: argparse.Namespace) -> int:
     wall = time.perf_counter() - t0
     gaps = compute_gaps(results, seeds)
     extra = {"machine": machine_info(), "seeds": seeds, "wall_s": wall,
-             "plan": {"step_s": plan.step_s, "eta_s": plan.eta_s, "skipped": plan.skipped, "notes": plan.notes}}
+             "plan": {"step_s": plan.step_s, "probe_s": plan.samples, "eta_s": plan.eta_s, "skipped": plan.skipped,
+                      "notes": plan.notes}}
     paths = _write_outputs(args, desc, results, gaps, seeds, extra)
     on_cuda = device.type == "cuda"
     mem = ("peak CUDA MiB: torch.cuda.max_memory_allocated during the run" if on_cuda else
