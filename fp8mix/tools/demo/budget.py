@@ -35,7 +35,7 @@ __all__ = ["PROBE_STEPS", "SLOW_BF16", "MIN_FIT_STEPS", "Plan", "probe", "plan_r
 
 PROBE_WARMUP = 1
 PROBE_STEPS = 3
-LONG_STEP_S = 0.5  # one timed step this long is measurement enough
+LONG_STEP_S = 2.0  # one timed step this long is measurement enough (an emulated bf16 step: 4-9 s)
 SLOW_BF16 = 3.0
 MIN_FIT_STEPS = 200  # half the default: shorter runs compare points where the loss still falls steeply
 
