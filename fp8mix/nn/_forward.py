@@ -6,7 +6,7 @@ cast, and call the autograd function.
                records amaxes, reserves its backward's slot, advances the random stream
     read-only  no_grad / inference_mode / eval(): reads the FP8 state, writes nothing
     replay     a non-reentrant checkpoint's recompute: repeats the original forward's
-               plan (fp8mix.nn.checkpoint), writes nothing
+               plan (fp8mix.nn.recompute), writes nothing
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from ..formats import Format, Granularity, fp8_dtype
 from . import _casts
 from ._casts import Plan, all_reduce_max, cast_input, cast_weight, delayed_spec, python_algo_scale
 from ._function import FP8LinearFunction
-from .checkpoint import in_recompute, under_saved_tensor_hooks
+from .recompute import in_recompute, under_saved_tensor_hooks
 from .observe import auto_forward, monitor_forward
 
 __all__ = ["fp8_forward", "reduce_group", "hp_out_dtype"]
