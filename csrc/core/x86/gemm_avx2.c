@@ -1,6 +1,8 @@
 /*
- * gemm_avx2.c — AVX2/FMA float32 GEMM microkernel, 6 x 16 tile (12 ymm
- * accumulators).  Packed panels and the summation order are defined in
+ * gemm_avx2.c — AVX2/FMA float32 GEMM microkernel, 6 x 16 tile: 12 ymm
+ * accumulators, 2 for the B row, 1 for the broadcast A value (15 of the 16
+ * registers); per k-step 12 FMAs against 8 loads, so the two FMA ports set the
+ * pace.  Packed panels and the summation order are defined in
  * gemm_internal.h; FMA equals mul+add here because FP8 products are exact.
  */
 #include "gemm_internal.h"
@@ -16,6 +18,12 @@ void fp8mix_gemm_ukernel_f32_6x16__avx2(int64_t kc, const void *ap, const void *
 {
     const float *a = (const float *)ap, *b = (const float *)bp;
     int init = load_c && !rs;
+    /* The driver's next tile is usually the next 6 rows of C: start fetching
+     * it into L2 now (C rows are often 4 KiB multiples apart and collide in L1). */
+    for (int r = 0; r < 6; r++) {
+        _mm_prefetch((const char *)(c + (6 + r) * ldc), _MM_HINT_T1);
+        _mm_prefetch((const char *)(c + (6 + r) * ldc + 15), _MM_HINT_T1);
+    }
 #define DECL(r)                                                                   \
     __m256 c##r##0 = init ? _mm256_loadu_ps(c + r * ldc) : _mm256_setzero_ps();  \
     __m256 c##r##1 = init ? _mm256_loadu_ps(c + r * ldc + 8) : _mm256_setzero_ps();
