@@ -89,7 +89,13 @@ void fp8mix_transpose_u8_ref(const uint8_t *src, int64_t ld_src, uint8_t *dst, i
 #if FP8MIX_X86
 void fp8mix_transpose_u8_sse2(const uint8_t *src, int64_t ld_src, uint8_t *dst, int64_t ld_dst, int64_t rows,
                               int64_t cols);
+void fp8mix_transpose_u8_lines_sse2(const uint8_t *src, int64_t ld_src, uint8_t *dst, int64_t ld_dst, int64_t rows,
+                                    int64_t cols, int stream);
 #endif
+/* The cast+transpose tile: like fp8mix_transpose_u8, writing each destination
+ * row's piece whole (streamed past the caches when `stream`). */
+void fp8mix_transpose_u8_tile(const uint8_t *src, int64_t ld_src, uint8_t *dst, int64_t ld_dst, int64_t rows,
+                              int64_t cols, int stream);
 
 /* Random words rng_index .. rng_index + n - 1 into r[0..n). */
 void fp8mix_random_words(uint64_t seed, uint64_t offset_plus_index, int64_t n,
