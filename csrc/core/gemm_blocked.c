@@ -9,7 +9,7 @@
  *       parallel over tasks = (MC-row block) x (group of slivers):
  *         pack A[rows, pc : pc+KC]              -> the worker's A block
  *         for each sliver, for each MR panel:   C tile (+)= A panel x B sliver
- *         after the last K step: the epilogue of the task's rows and columns
+ *         after the last K step, each tile's epilogue right after its last microkernel
  *
  * C is the float32 output itself, or, for a bf16 / f16 output, a float32
  * accumulator of M x NC.  Each C element is owned by one task per K step and
@@ -111,6 +111,15 @@ static void ws_give(void *p, size_t bytes)
 }
 
 /* ---- tasks -------------------------------------------------------------- */
+/* Ask for the first `bytes` of `rows` rows (stride ld) ahead of their use:
+ * the rows of the next panel are far apart, and the hardware prefetchers
+ * follow only a few such streams. */
+static inline void prefetch_rows(const uint8_t *p, int64_t ld, int64_t rows, int64_t bytes)
+{
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + r * ld + b);
+}
+
 
 static void pack_b_task(void *ctx, int64_t s, int worker)
 {
@@ -120,6 +129,8 @@ static void pack_b_task(void *ctx, int64_t s, int worker)
     int64_t j = pl->jc + s * pl->nr;
     int nv = (int)min64(pl->nr, g->n - j);
     uint32_t *dst = pl->bpanel + s * pl->ksl * pl->nr;
+    if (g->b_layout == FP8MIX_B_NK && j + pl->nr < g->n) /* the next sliver's columns */
+        prefetch_rows(g->b + (j + pl->nr) * g->ldb + pl->pc, g->ldb, min64(pl->nr, g->n - j - pl->nr), pl->kc);
     if (g->b_layout == FP8MIX_B_KN)
         pl->uk->pack_kcols(g->b + pl->pc * g->ldb + j, g->ldb, nv, (int)pl->nr, pl->kc, g->fmt_b,
                            pl->uk->bf16, dst);
@@ -156,7 +167,10 @@ static void run_tile(const plan *pl, const uint32_t *as, const uint32_t *bs, int
     }
     if (edge)
         for (int r = 0; r < mv; r++) memcpy(c_at(pl, i + r, j), tmp + r * nr, sizeof(float) * (size_t)nv);
+    if (pl->last) /* the tile's sums are final: scales, bias, rounding while it is in L1 */
+        fp8mix_gemm_epilogue(g, i, mv, j, nv, c_at(pl, i, j), c_ld(pl));
 }
+
 
 static void compute_task(void *ctx, int64_t t, int worker)
 {
@@ -167,9 +181,12 @@ static void compute_task(void *ctx, int64_t t, int worker)
     int64_t s0 = (t % pl->n_jg) * pl->sl_per_jg, s1 = min64(pl->nsl, s0 + pl->sl_per_jg);
     int64_t npan = ceil_div(mcc, mr);
     uint32_t *ab = pl->ablk + (size_t)worker * pl->ablk_words;
-    for (int64_t p = 0; p < npan; p++)
-        pl->uk->pack_krows(g->a + (i0 + p * mr) * g->lda + pl->pc, g->lda, (int)min64(mr, mcc - p * mr), (int)mr,
-                           pl->kc, g->fmt_a, pl->uk->bf16, ab + p * ksl * mr);
+    for (int64_t p = 0; p < npan; p++) {
+        const uint8_t *a = g->a + (i0 + p * mr) * g->lda + pl->pc;
+        if (p + 1 < npan) prefetch_rows(a + mr * g->lda, g->lda, min64(mr, mcc - (p + 1) * mr), pl->kc);
+        pl->uk->pack_krows(a, g->lda, (int)min64(mr, mcc - p * mr), (int)mr, pl->kc, g->fmt_a, pl->uk->bf16,
+                           ab + p * ksl * mr);
+    }
     for (int64_t s = s0; s < s1; s++) {
         int64_t j = pl->jc + s * nr;
         int nv = (int)min64(nr, g->n - j);
@@ -177,9 +194,6 @@ static void compute_task(void *ctx, int64_t t, int worker)
         for (int64_t p = 0; p < npan; p++)
             run_tile(pl, ab + p * ksl * mr, bs, i0 + p * mr, j, (int)min64(mr, mcc - p * mr), nv);
     }
-    if (!pl->last) return;
-    int64_t j0 = pl->jc + s0 * nr, n = min64(g->n, pl->jc + s1 * nr) - j0;
-    for (int64_t r = i0; r < i0 + mcc; r++) fp8mix_gemm_epilogue_row(g, r, j0, n, c_at(pl, r, j0));
 }
 
 /* K == 0: every sum is +0; only the epilogue runs. */
@@ -191,7 +205,7 @@ static void k0_task(void *ctx, int64_t i, int worker)
     for (int64_t j0 = 0; j0 < g->n; j0 += 256) {
         int64_t n = min64(256, g->n - j0);
         memset(v, 0, sizeof v);
-        fp8mix_gemm_epilogue_row(g, i, j0, n, v);
+        fp8mix_gemm_epilogue(g, i, 1, j0, n, v, 256);
     }
 }
 
@@ -235,6 +249,11 @@ static void plan_groups(plan *pl, int workers)
 
 fp8mix_status fp8mix_gemm_blocked(const fp8mix_gemm_args *g)
 {
+    return fp8mix_gemm_blocked_with(g, fp8mix_gemm_ukernel_active());
+}
+
+fp8mix_status fp8mix_gemm_blocked_with(const fp8mix_gemm_args *g, const fp8mix_gemm_ukernel *uk)
+{
     int64_t M = g->m, N = g->n, K = g->k;
     double work = (double)M * (double)N * (double)(K > 0 ? K : 1);
     int workers = fp8mix_workers_for(work > 4e18 ? INT64_MAX : (int64_t)work, GEMM_GRAIN);
@@ -245,7 +264,7 @@ fp8mix_status fp8mix_gemm_blocked(const fp8mix_gemm_args *g)
     plan pl;
     memset(&pl, 0, sizeof pl);
     pl.g = g;
-    pl.uk = fp8mix_gemm_ukernel_active();
+    pl.uk = uk;
     pl.mr = pl.uk->mr;
     pl.nr = pl.uk->nr;
     pl.block = g->scale_a_kind == FP8MIX_MM_SCALE_BLOCK;

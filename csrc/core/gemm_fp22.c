@@ -81,7 +81,7 @@ static void fp22_row_task(void *ctx, int64_t i, int worker)
                 acc[x] = acc[x] + P[x] * fp8mix_gemm_block_scale(g, i, kb, pl->j0 + x);
         }
     }
-    fp8mix_gemm_epilogue_row(g, i, pl->j0, pl->nb, acc);
+    fp8mix_gemm_epilogue(g, i, 1, pl->j0, pl->nb, acc, FP22_NB);
 }
 
 fp8mix_status fp8mix_gemm_fp22(const fp8mix_gemm_args *g)

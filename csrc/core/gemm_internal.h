@@ -84,10 +84,11 @@ extern const int fp8mix_gemm_have_avx512bf16;
 
 /* The microkernel (and its packing) the active ISA uses, never NULL; chosen
  * in dispatch.c.  The bf16 kernel is used only after a one-time probe showed
- * it bit-identical to the float32 one. */
+ * it bit-identical to the float32 one, and a timing showed it faster. */
 const fp8mix_gemm_ukernel *fp8mix_gemm_ukernel_active(void);
-/* The scalar microkernel, for tests and for ISAs without a SIMD one. */
-const fp8mix_gemm_ukernel *fp8mix_gemm_ukernel_scalar(void);
+/* Every microkernel this build and CPU can run (whatever the ISA limit),
+ * scalar first: up to max into out; returns the count.  For tests. */
+int fp8mix_gemm_ukernels(const fp8mix_gemm_ukernel **out, int max);
 
 /* ---- shared by the drivers (gemm.c) ------------------------------------ */
 
@@ -100,13 +101,17 @@ static inline uint8_t fp8mix_gemm_b_at(const fp8mix_gemm_args *g, int64_t p, int
 /* BLOCK scales: the float32 factor of K block kb for element (i, j). */
 float fp8mix_gemm_block_scale(const fp8mix_gemm_args *g, int64_t i, int64_t kb, int64_t j);
 
-/* Epilogue of n outputs of row i from column j0: vals are the float32 sums
- * (TENSOR / OUTER) or block accumulators (BLOCK); they may be overwritten,
- * and may be the float32 output row itself (in-place). */
-void fp8mix_gemm_epilogue_row(const fp8mix_gemm_args *g, int64_t i, int64_t j0, int64_t n, float *vals);
+/* Epilogue of rows i0 .. i0+rows-1, n outputs each from column j0: vals
+ * (row stride ldv) are the float32 sums (TENSOR / OUTER) or block
+ * accumulators (BLOCK); they may be overwritten, and may be the float32
+ * output itself (in place). */
+void fp8mix_gemm_epilogue(const fp8mix_gemm_args *g, int64_t i0, int64_t rows, int64_t j0, int64_t n, float *vals,
+                          int64_t ldv);
 
-/* The drivers, called by fp8mix_gemm after the argument checks (m, n > 0). */
+/* The drivers, called by fp8mix_gemm after the argument checks (m, n > 0);
+ * fp8mix_gemm_blocked_with runs a given microkernel (tests). */
 fp8mix_status fp8mix_gemm_blocked(const fp8mix_gemm_args *g);
+fp8mix_status fp8mix_gemm_blocked_with(const fp8mix_gemm_args *g, const fp8mix_gemm_ukernel *uk);
 fp8mix_status fp8mix_gemm_fp22(const fp8mix_gemm_args *g);
 
 /* The scalar reference: a plain loop over (i, j, k) implementing the exact

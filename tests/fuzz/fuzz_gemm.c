@@ -15,8 +15,9 @@
  *   - the status is OK exactly when the arguments are valid, else one of the
  *     documented errors; on error the output is untouched;
  *   - on OK the output equals fp8mix_gemm_ref bit for bit (NaN payloads
- *     aside: any NaN matches any NaN) under every ISA this CPU has, and
- *     the padding between output rows is untouched;
+ *     aside: any NaN matches any NaN) under every ISA this CPU has and with
+ *     every microkernel it can run, and the padding between output rows is
+ *     untouched;
  *   - fp8mix_gemm_ref returns the same status as fp8mix_gemm.
  */
 #include "fuzz_common.h"
@@ -59,6 +60,32 @@ FUZZ_NOCOV static int out_equal(const uint8_t *a, const uint8_t *b, int out_t)
 }
 
 static void hostile(fz *f);
+
+/* out against ref element by element (NaN matches NaN); the padding past
+ * column N of every row must be untouched in both. */
+FUZZ_NOCOV static void compare_out(const uint8_t *out, const uint8_t *ref, size_t o_bytes, size_t oes, int64_t M,
+                                   int64_t N, int64_t ldo, int out_t, const char *name, const char *what)
+{
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < ldo; j++) {
+            size_t off = ((size_t)i * (size_t)ldo + (size_t)j) * oes;
+            if (off + oes > o_bytes) break;
+            if (j >= N) {
+                for (size_t b = 0; b < oes; b++)
+                    FUZZ_CHECK(out[off + b] == SENT && ref[off + b] == SENT,
+                               "[%s] output padding (%lld,%lld) written (%s)", name, (long long)i, (long long)j,
+                               what);
+                continue;
+            }
+            if (!out_equal(out + off, ref + off, out_t)) {
+                uint32_t gv = 0, rv = 0;
+                memcpy(&gv, out + off, oes);
+                memcpy(&rv, ref + off, oes);
+                FUZZ_CHECK(0, "[%s] out(%lld,%lld) = 0x%0*x, fp8mix_gemm_ref 0x%0*x (%s)", name, (long long)i,
+                           (long long)j, (int)oes * 2, gv, (int)oes * 2, rv, what);
+            }
+        }
+}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -210,28 +237,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
         /* the FP22 model is plain C, the same on every ISA: default + scalar */
         int last = accum == FP8MIX_ACCUM_FP22 && t == 1;
-        for (int64_t i = 0; i < M; i++)
-            for (int64_t j = 0; j < ldo; j++) {
-                size_t off = ((size_t)i * (size_t)ldo + (size_t)j) * oes;
-                if (off + oes > o_bytes) break;
-                if (j >= N) {
-                    for (size_t b = 0; b < oes; b++)
-                        FUZZ_CHECK(out[off + b] == SENT && ref[off + b] == SENT,
-                                   "[%s] output padding (%lld,%lld) written (%s)", name, (long long)i, (long long)j,
-                                   what);
-                    continue;
-                }
-                if (!out_equal(out + off, ref + off, out_t)) {
-                    uint32_t gv = 0, rv = 0;
-                    memcpy(&gv, out + off, oes);
-                    memcpy(&rv, ref + off, oes);
-                    FUZZ_CHECK(0, "[%s] out(%lld,%lld) = 0x%0*x, fp8mix_gemm_ref 0x%0*x (%s)", name, (long long)i,
-                               (long long)j, (int)oes * 2, gv, (int)oes * 2, rv, what);
-                }
-            }
+        compare_out(out, ref, o_bytes, oes, M, N, ldo, out_t, name, what);
         if (last) break;
     }
     fp8mix_set_max_isa(FP8MIX_ISA_AVX512BF16);
+    /* every microkernel this CPU can run, also those dispatch does not pick here */
+    if (st_ref == FP8MIX_OK && accum == FP8MIX_ACCUM_FP32 && out && M > 0 && N > 0) {
+        const fp8mix_gemm_ukernel *uks[8];
+        int nuk = fp8mix_gemm_ukernels(uks, 8);
+        for (int u = 0; u < nuk; u++) {
+            memset(out, SENT, o_bytes ? o_bytes : 1);
+            g.out = out;
+            FUZZ_CHECK(fp8mix_gemm_blocked_with(&g, uks[u]) == FP8MIX_OK, "[%s] status (%s)", uks[u]->name, what);
+            compare_out(out, ref, o_bytes, oes, M, N, ldo, out_t, uks[u]->name, what);
+        }
+    }
     free(A); free(B); free(SA); free(SB); free(BIAS); free(ref); free(out);
     return 0;
 }

@@ -17,6 +17,12 @@ void fp8mix_gemm_ukernel_f32_14x32__avx512(int64_t kc, const void *ap, const voi
 {
     const float *a = (const float *)ap, *b = (const float *)bp;
     int init = load_c && !rs;
+    /* The driver's next tile is usually the next 14 rows of C: start fetching
+     * it into L2 now (C rows are often 4 KiB multiples apart and collide in L1). */
+    for (int r = 0; r < 14; r++) {
+        _mm_prefetch((const char *)(c + (14 + r) * ldc), _MM_HINT_T1);
+        _mm_prefetch((const char *)(c + (14 + r) * ldc + 31), _MM_HINT_T1);
+    }
 #define DECL(r)                                                                    \
     __m512 c##r##0 = init ? _mm512_loadu_ps(c + r * ldc) : _mm512_setzero_ps();   \
     __m512 c##r##1 = init ? _mm512_loadu_ps(c + r * ldc + 16) : _mm512_setzero_ps();

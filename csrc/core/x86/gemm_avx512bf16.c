@@ -28,6 +28,10 @@ void fp8mix_gemm_ukernel_bf16_14x32__avx512bf16(int64_t kc, const void *ap,
 {
     const unsigned char *a = (const unsigned char *)ap, *b = (const unsigned char *)bp;
     int init = load_c && !rs;
+    for (int r = 0; r < 14; r++) { /* the next tile's C, as in gemm_avx512.c */
+        _mm_prefetch((const char *)(c + (14 + r) * ldc), _MM_HINT_T1);
+        _mm_prefetch((const char *)(c + (14 + r) * ldc + 31), _MM_HINT_T1);
+    }
 #define DECL(r)                                                                    \
     __m512 c##r##0 = init ? _mm512_loadu_ps(c + r * ldc) : _mm512_setzero_ps();   \
     __m512 c##r##1 = init ? _mm512_loadu_ps(c + r * ldc + 16) : _mm512_setzero_ps();

@@ -2,56 +2,41 @@
  * gemm_pack_avx2.c — AVX2 packing of GEMM panels: FP8 bytes decoded to
  * float32 (or bf16 pairs) eight at a time, in the layouts of gemm_internal.h.
  * Bit-identical to the scalar packing in gemm.c (tests/c/test_gemm.c compares
- * them panel by panel); used by every x86 microkernel.
+ * them over every byte, also with DAZ/FTZ set); used by every x86 microkernel.
  *
- * Decoding is arithmetic, not a table gather (slow on several AMD cores):
- * a normal FP8 magnitude m (exponent field >= 1) is the float32 pattern
- * (m << (23 - mbits)) + ((127 - bias) << 23); a subnormal one (exponent field
- * 0, m < 2^mbits) is float(m) * 2^(1 - bias - mbits), an exact product whose
- * result is a normal float32 (so DAZ/FTZ in MXCSR cannot change it); NaN
- * (E4M3 0x7F, E5M2 0x7D..0x7F) is the quiet NaN and E5M2 0x7C infinity, as in
- * fp8mix_decode_ref; the sign bit is copied.
+ * Decoding goes through float16, which F16C converts exactly (its denormals
+ * included, whatever MXCSR says): an E5M2 byte is the top byte of a float16;
+ * an E4M3 magnitude m, placed as the float16 pattern m << 7, is the E4M3 value
+ * times 2^-8, subnormals included (the float16 subnormal spacing 2^-24 is
+ * the E4M3 one, 2^-9, times 2^-8), so one exact multiply by 2^8 finishes it.
+ * NaN codes become the float16 quiet NaN 0x7E00 (sign kept), which converts
+ * to fp8mix_decode_ref's 0x7FC00000; E5M2 0x7C is infinity.  No table gather
+ * (slow on several AMD cores).
  */
 #include <immintrin.h>
 
 #include "gemm_internal.h"
 
-typedef struct dec8 {
-    __m128i shift;        /* 23 - mbits                                  */
-    __m256i off;          /* (127 - bias) << 23                          */
-    __m256i sub_lim;      /* magnitudes below it are subnormal           */
-    __m256i spec_gt;      /* magnitudes above it are inf / NaN           */
-    __m256i inf_code;     /* the infinity magnitude (E5M2), else none    */
-    __m256 sub_scale;     /* 2^(1 - bias - mbits)                        */
-} dec8;
+#define FP8MIX_INLINE static inline __attribute__((always_inline))
 
-static dec8 dec8_init(fp8mix_format fmt)
+/* Eight FP8 bytes (the low 8 of b) to eight float32 patterns; e4 is a
+ * constant after inlining. */
+FP8MIX_INLINE __m256i decode8(int e4, __m128i b)
 {
-    dec8 d;
-    int e4 = fmt == FP8MIX_E4M3;
-    int mbits = e4 ? 3 : 2, bias = e4 ? 7 : 15;
-    d.shift = _mm_cvtsi32_si128(23 - mbits);
-    d.off = _mm256_set1_epi32((127 - bias) << 23);
-    d.sub_lim = _mm256_set1_epi32(1 << mbits);
-    d.spec_gt = _mm256_set1_epi32(e4 ? 0x7E : 0x7B);
-    d.inf_code = _mm256_set1_epi32(e4 ? 0x100 : 0x7C);
-    d.sub_scale = _mm256_set1_ps(e4 ? 0x1p-9f : 0x1p-16f);
-    return d;
-}
-
-/* Eight FP8 bytes (the low 8 of b) to eight float32 patterns. */
-static inline __m256i decode8(const dec8 *d, __m128i b)
-{
-    __m256i x = _mm256_cvtepu8_epi32(b);
-    __m256i mag = _mm256_and_si256(x, _mm256_set1_epi32(0x7F));
-    __m256i sign = _mm256_slli_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x80)), 24);
-    __m256i v = _mm256_add_epi32(_mm256_sll_epi32(mag, d->shift), d->off);
-    __m256i sub = _mm256_castps_si256(_mm256_mul_ps(_mm256_cvtepi32_ps(mag), d->sub_scale));
-    v = _mm256_blendv_epi8(v, sub, _mm256_cmpgt_epi32(d->sub_lim, mag));
-    __m256i special = _mm256_blendv_epi8(_mm256_set1_epi32(0x7FC00000), _mm256_set1_epi32(0x7F800000),
-                                         _mm256_cmpeq_epi32(mag, d->inf_code));
-    v = _mm256_blendv_epi8(v, special, _mm256_cmpgt_epi32(mag, d->spec_gt));
-    return _mm256_or_si256(v, sign);
+    const __m128i sign = _mm_set1_epi16((short)0x8000), qnan = _mm_set1_epi16(0x7E00);
+    __m128i x = _mm_cvtepu8_epi16(b), h, nan;
+    if (e4) {
+        h = _mm_or_si128(_mm_and_si128(_mm_slli_epi16(x, 7), _mm_set1_epi16(0x3F80)),
+                         _mm_and_si128(_mm_slli_epi16(x, 8), sign));
+        nan = _mm_cmpeq_epi16(_mm_and_si128(x, _mm_set1_epi16(0x7F)), _mm_set1_epi16(0x7F));
+    } else {
+        h = _mm_slli_epi16(x, 8);
+        nan = _mm_cmpgt_epi16(_mm_andnot_si128(sign, h), _mm_set1_epi16(0x7C00));
+    }
+    h = _mm_blendv_epi8(h, _mm_or_si128(_mm_and_si128(h, sign), qnan), nan);
+    __m256 f = _mm256_cvtph_ps(h);
+    if (e4) f = _mm256_mul_ps(f, _mm256_set1_ps(256.0f));
+    return _mm256_castps_si256(f);
 }
 
 /* Store the first n (1..8) lanes of v at p. */
@@ -100,10 +85,9 @@ static inline __m128i load_row8(const uint8_t *row, int64_t k0, int64_t kc)
     return _mm_loadl_epi64((const __m128i *)t);
 }
 
-void fp8mix_gemm_pack_krows__avx2(const uint8_t *src, int64_t ld, int nv, int w, int64_t kc,
-                                  fp8mix_format fmt, int bf16, void *dst)
+FP8MIX_INLINE void pack_krows_t(int e4, const uint8_t *src, int64_t ld, int nv, int w, int64_t kc, int bf16,
+                                void *dst)
 {
-    const dec8 d = dec8_init(fmt);
     uint32_t *out = (uint32_t *)dst;
     int64_t kce = kc + (kc & 1);
     for (int r0 = 0; r0 < w; r0 += 8) {
@@ -116,7 +100,7 @@ void fp8mix_gemm_pack_krows__avx2(const uint8_t *src, int64_t ld, int nv, int w,
             transpose8x8(in, col);
             int64_t kn = kce - k0 < 8 ? kce - k0 : 8; /* even */
             for (int64_t k = 0; k < kn; k += 2) {
-                __m256i v0 = decode8(&d, col[k]), v1 = decode8(&d, col[k + 1]);
+                __m256i v0 = decode8(e4, col[k]), v1 = decode8(e4, col[k + 1]);
                 if (bf16) {
                     store_lanes(out + ((k0 + k) >> 1) * w + r0, pair16(v0, v1), n);
                 } else { /* slot t holds k = t ^ 1 */
@@ -126,6 +110,13 @@ void fp8mix_gemm_pack_krows__avx2(const uint8_t *src, int64_t ld, int nv, int w,
             }
         }
     }
+}
+
+void fp8mix_gemm_pack_krows__avx2(const uint8_t *src, int64_t ld, int nv, int w, int64_t kc,
+                                  fp8mix_format fmt, int bf16, void *dst)
+{
+    if (fmt == FP8MIX_E4M3) pack_krows_t(1, src, ld, nv, w, kc, bf16, dst);
+    else pack_krows_t(0, src, ld, nv, w, kc, bf16, dst);
 }
 
 /* Bytes c0 .. c0+7 of row k (zeros past nv or past kc). */
@@ -139,17 +130,16 @@ static inline __m128i load_cols8(const uint8_t *src, int64_t ld, int64_t k, int6
     return _mm_loadl_epi64((const __m128i *)t);
 }
 
-void fp8mix_gemm_pack_kcols__avx2(const uint8_t *src, int64_t ld, int nv, int w, int64_t kc,
-                                  fp8mix_format fmt, int bf16, void *dst)
+FP8MIX_INLINE void pack_kcols_t(int e4, const uint8_t *src, int64_t ld, int nv, int w, int64_t kc, int bf16,
+                                void *dst)
 {
-    const dec8 d = dec8_init(fmt);
     uint32_t *out = (uint32_t *)dst;
     int64_t kce = kc + (kc & 1);
     for (int64_t k = 0; k < kce; k += 2) {
         for (int c0 = 0; c0 < w; c0 += 8) {
             int n = w - c0 < 8 ? w - c0 : 8;
-            __m256i v0 = decode8(&d, load_cols8(src, ld, k, kc, c0, nv));
-            __m256i v1 = decode8(&d, load_cols8(src, ld, k + 1, kc, c0, nv));
+            __m256i v0 = decode8(e4, load_cols8(src, ld, k, kc, c0, nv));
+            __m256i v1 = decode8(e4, load_cols8(src, ld, k + 1, kc, c0, nv));
             if (bf16) {
                 store_lanes(out + (k >> 1) * w + c0, pair16(v0, v1), n);
             } else {
@@ -158,4 +148,11 @@ void fp8mix_gemm_pack_kcols__avx2(const uint8_t *src, int64_t ld, int nv, int w,
             }
         }
     }
+}
+
+void fp8mix_gemm_pack_kcols__avx2(const uint8_t *src, int64_t ld, int nv, int w, int64_t kc,
+                                  fp8mix_format fmt, int bf16, void *dst)
+{
+    if (fmt == FP8MIX_E4M3) pack_kcols_t(1, src, ld, nv, w, kc, bf16, dst);
+    else pack_kcols_t(0, src, ld, nv, w, kc, bf16, dst);
 }
