@@ -44,6 +44,7 @@ typedef struct plan {
     const fp8mix_gemm_ukernel *uk;
     int64_t mr, nr, mc, nc, n_ic;
     int block;                 /* BLOCK scales                                   */
+    int64_t nkb, nnb;          /* BLOCK: scale blocks along K and along N        */
     /* the current column chunk and K step */
     int64_t jc, ncc, nsl;      /* chunk start, width, NR slivers                 */
     int64_t n_jg, sl_per_jg;   /* column groups of the compute tasks             */
@@ -161,7 +162,10 @@ static void run_tile(const plan *pl, const uint32_t *as, const uint32_t *bs, int
         float rs[32];
         for (int64_t sb = 0; sb < pl->kc; sb += FP8MIX_BLOCK) {
             int64_t kk = min64(FP8MIX_BLOCK, pl->kc - sb), kb = (pl->pc + sb) / FP8MIX_BLOCK;
-            for (int r = 0; r < mr; r++) rs[r] = r < mv ? fp8mix_gemm_block_scale(g, i + r, kb, j) : 0.0f;
+            /* fp8mix_gemm_block_scale(g, i + r, kb, j), with the block counts hoisted */
+            const float *sa = g->scale_a + i * pl->nkb + kb;
+            float sbv = g->scale_b[kb * pl->nnb + j / FP8MIX_BLOCK];
+            for (int r = 0; r < mr; r++) rs[r] = r < mv ? sa[r * pl->nkb] * sbv : 0.0f;
             uk->fn(kk + (kk & 1), as + slots(pl, sb) * mr, bs + slots(pl, sb) * nr, c, ld, pl->pc + sb > 0, rs);
         }
     }
@@ -268,6 +272,8 @@ fp8mix_status fp8mix_gemm_blocked_with(const fp8mix_gemm_args *g, const fp8mix_g
     pl.mr = pl.uk->mr;
     pl.nr = pl.uk->nr;
     pl.block = g->scale_a_kind == FP8MIX_MM_SCALE_BLOCK;
+    pl.nkb = ceil_div(K, FP8MIX_BLOCK);
+    pl.nnb = ceil_div(N, FP8MIX_BLOCK);
     size_t got = 0, bytes = plan_sizes(&pl, workers);
     uint32_t *ws = (uint32_t *)ws_take(bytes, &got);
     if (!ws) return FP8MIX_ERR_NO_MEMORY;
