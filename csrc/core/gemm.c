@@ -85,6 +85,7 @@ static fp8mix_status check_args(const fp8mix_gemm_args *g)
     if (!fmt_ok(g->fmt_a) || !fmt_ok(g->fmt_b) || !dtype_ok(g->out_t) ||
         !kind_ok(g->scale_a_kind) || !kind_ok(g->scale_b_kind) ||
         (g->b_layout != FP8MIX_B_KN && g->b_layout != FP8MIX_B_NK) ||
+        (g->a_layout != FP8MIX_A_MK && g->a_layout != FP8MIX_A_KM) ||
         (g->accum != FP8MIX_ACCUM_FP32 && g->accum != FP8MIX_ACCUM_FP22) ||
         (g->bias && !dtype_ok(g->bias_t)))
         return FP8MIX_ERR_BAD_ENUM;
@@ -92,7 +93,8 @@ static fp8mix_status check_args(const fp8mix_gemm_args *g)
             (g->scale_b_kind == FP8MIX_MM_SCALE_BLOCK) ||
         g->promote_interval < 0)
         return FP8MIX_ERR_BAD_ARG;
-    if (bad_2d(g->m, g->k, g->lda) || bad_2d(g->m, g->n, g->ldo) ||
+    if ((g->a_layout == FP8MIX_A_MK ? bad_2d(g->m, g->k, g->lda) : bad_2d(g->k, g->m, g->lda)) ||
+        bad_2d(g->m, g->n, g->ldo) ||
         (g->b_layout == FP8MIX_B_KN ? bad_2d(g->k, g->n, g->ldb)
                                     : bad_2d(g->n, g->k, g->ldb)))
         return FP8MIX_ERR_BAD_SHAPE;
@@ -216,19 +218,18 @@ static inline float trunc22(float x)
 static float ref_run(const fp8mix_gemm_args *g, const float *ta, const float *tb,
                      int64_t i, int64_t j, int64_t p0, int64_t p1)
 {
-    const uint8_t *arow = p1 > p0 ? g->a + i * g->lda : NULL; /* A may be NULL when K == 0 */
-    if (g->accum == FP8MIX_ACCUM_FP32) {
+    if (g->accum == FP8MIX_ACCUM_FP32) { /* A and B are only read for p < p1 (may be NULL when K == 0) */
         float acc = 0.0f;
         for (int64_t p = p0; p < p1; p += 2) {  /* p0 is even: pairs align */
-            if (p + 1 < p1) acc = acc + ta[arow[p + 1]] * tb[fp8mix_gemm_b_at(g, p + 1, j)];
-            acc = acc + ta[arow[p]] * tb[fp8mix_gemm_b_at(g, p, j)];
+            if (p + 1 < p1) acc = acc + ta[fp8mix_gemm_a_at(g, i, p + 1)] * tb[fp8mix_gemm_b_at(g, p + 1, j)];
+            acc = acc + ta[fp8mix_gemm_a_at(g, i, p)] * tb[fp8mix_gemm_b_at(g, p, j)];
         }
         return acc;
     }
     float P = 0.0f, s = 0.0f;
     int64_t cnt = 0;
     for (int64_t p = p0; p < p1; p++) {
-        s = trunc22(s + ta[arow[p]] * tb[fp8mix_gemm_b_at(g, p, j)]);
+        s = trunc22(s + ta[fp8mix_gemm_a_at(g, i, p)] * tb[fp8mix_gemm_b_at(g, p, j)]);
         if (g->promote_interval > 0 && ++cnt == g->promote_interval) {
             P = P + s;
             s = 0.0f;

@@ -186,10 +186,16 @@ static void compute_task(void *ctx, int64_t t, int worker)
     int64_t npan = ceil_div(mcc, mr);
     uint32_t *ab = pl->ablk + (size_t)worker * pl->ablk_words;
     for (int64_t p = 0; p < npan; p++) {
-        const uint8_t *a = g->a + (i0 + p * mr) * g->lda + pl->pc;
+        int64_t i = i0 + p * mr;
+        int nv = (int)min64(mr, mcc - p * mr);
+        uint32_t *dst = ab + p * ksl * mr;
+        if (g->a_layout == FP8MIX_A_KM) {
+            pl->uk->pack_kcols(g->a + pl->pc * g->lda + i, g->lda, nv, (int)mr, pl->kc, g->fmt_a, pl->uk->bf16, dst);
+            continue;
+        }
+        const uint8_t *a = g->a + i * g->lda + pl->pc;
         if (p + 1 < npan) prefetch_rows(a + mr * g->lda, g->lda, min64(mr, mcc - (p + 1) * mr), pl->kc);
-        pl->uk->pack_krows(a, g->lda, (int)min64(mr, mcc - p * mr), (int)mr, pl->kc, g->fmt_a, pl->uk->bf16,
-                           ab + p * ksl * mr);
+        pl->uk->pack_krows(a, g->lda, nv, (int)mr, pl->kc, g->fmt_a, pl->uk->bf16, dst);
     }
     for (int64_t s = s0; s < s1; s++) {
         int64_t j = pl->jc + s * nr;

@@ -53,8 +53,7 @@ static void fp22_row_task(void *ctx, int64_t i, int worker)
     float *arow = pl->scratch + (size_t)worker * pl->scratch_words;
     float *acc = arow + K, *P = acc + FP22_NB, *s = P + FP22_NB;
     if (K > 0) { /* A may be NULL when K == 0 */
-        const uint8_t *ar = g->a + i * g->lda;
-        for (int64_t p = 0; p < K; p++) arow[p] = pl->ta[ar[p]];
+        for (int64_t p = 0; p < K; p++) arow[p] = pl->ta[fp8mix_gemm_a_at(g, i, p)];
     }
     for (int64_t x = 0; x < FP22_NB; x++) acc[x] = 0.0f;
     for (int64_t p0 = 0; p0 < K; p0 += run) {

@@ -92,6 +92,12 @@ int fp8mix_gemm_ukernels(const fp8mix_gemm_ukernel **out, int max);
 
 /* ---- shared by the drivers (gemm.c) ------------------------------------ */
 
+/* Byte of A at (row i, k = p) in either layout. */
+static inline uint8_t fp8mix_gemm_a_at(const fp8mix_gemm_args *g, int64_t i, int64_t p)
+{
+    return g->a_layout == FP8MIX_A_MK ? g->a[i * g->lda + p] : g->a[p * g->lda + i];
+}
+
 /* Byte of B at (k = p, column j) in either layout. */
 static inline uint8_t fp8mix_gemm_b_at(const fp8mix_gemm_args *g, int64_t p, int64_t j)
 {

@@ -55,6 +55,9 @@ static int64_t nscale(fp8mix_mm_scale kind, int64_t rows, int64_t k, int64_t n, 
     return is_a ? rows * nkb : nkb * ((n + 127) / 128);
 }
 
+/* A's layout of the next problems: -1 random, else that layout. */
+static int a_layout_mode = -1;
+
 /* Random operands with padded leading dimensions. */
 static void make_problem(problem *p, int64_t m, int64_t n, int64_t k, fp8mix_format fa,
                          fp8mix_format fb, fp8mix_b_layout lay, fp8mix_mm_scale kind,
@@ -64,14 +67,16 @@ static void make_problem(problem *p, int64_t m, int64_t n, int64_t k, fp8mix_for
     fp8mix_gemm_args *g = &p->g;
     g->m = m; g->n = n; g->k = k;
     g->fmt_a = fa; g->fmt_b = fb; g->b_layout = lay;
+    g->a_layout = (fp8mix_a_layout)(a_layout_mode >= 0 ? a_layout_mode : (int)(rnd() & 1));
     /* ld >= max(cols, 1), sometimes padded */
-    g->lda = (k > 0 ? k : 1) + (int64_t)(rnd() % 3);
+    g->lda = (g->a_layout == FP8MIX_A_MK ? (k > 0 ? k : 1) : (m > 0 ? m : 1)) + (int64_t)(rnd() % 3);
     g->ldb = (lay == FP8MIX_B_KN ? n : (k > 0 ? k : 1)) + (int64_t)(rnd() % 3);
     g->ldo = n + (int64_t)(rnd() % 3);
     int64_t brows = lay == FP8MIX_B_KN ? k : n;
-    p->a = malloc((size_t)(m * g->lda + 1));
+    int64_t arows = g->a_layout == FP8MIX_A_MK ? m : k;
+    p->a = malloc((size_t)(arows * g->lda + 1));
     p->b = malloc((size_t)(brows * g->ldb + 1));
-    for (int64_t i = 0; i < m * g->lda; i++) p->a[i] = rnd_fp8(fa);
+    for (int64_t i = 0; i < arows * g->lda; i++) p->a[i] = rnd_fp8(fa);
     for (int64_t i = 0; i < brows * g->ldb; i++) p->b[i] = rnd_fp8(fb);
     p->nsa = nscale(kind, m, k, n, 1);
     p->nsb = nscale(kind, m, k, n, 0);
@@ -146,7 +151,7 @@ static double *oracle(const fp8mix_gemm_args *g)
                 for (int64_t p = p0; p < p1; p++) {
                     uint8_t bq = g->b_layout == FP8MIX_B_KN ? g->b[p * g->ldb + j]
                                                             : g->b[j * g->ldb + p];
-                    s += (double)fp8mix_decode_ref(g->a[i * g->lda + p], g->fmt_a) *
+                    s += (double)fp8mix_decode_ref(fp8mix_gemm_a_at(g, i, p), g->fmt_a) *
                          (double)fp8mix_decode_ref(bq, g->fmt_b);
                 }
                 if (g->scale_a_kind == FP8MIX_MM_SCALE_BLOCK) {
@@ -474,7 +479,8 @@ static void test_fp22(void)
     int64_t K = 16384;
     make_problem(&p, 4, 4, K, FP8MIX_E4M3, FP8MIX_E4M3, FP8MIX_B_NK, FP8MIX_MM_SCALE_TENSOR, 0,
                  FP8MIX_F32, FP8MIX_ACCUM_FP22, 0);
-    for (int64_t i = 0; i < 4 * p.g.lda; i++) p.a[i] = (uint8_t)(0x30 + rnd() % 0x10); /* 0.5..0.94 */
+    for (int64_t i = 0; i < (p.g.a_layout == FP8MIX_A_MK ? 4 : K) * p.g.lda; i++)
+        p.a[i] = (uint8_t)(0x30 + rnd() % 0x10); /* 0.5..0.94 */
     for (int64_t i = 0; i < 4 * p.g.ldb; i++) p.b[i] = (uint8_t)(0x30 + rnd() % 0x10);
     double *o = oracle(&p.g);
     float out0[4 * 8], out128[4 * 8], out32[4 * 8];
@@ -505,6 +511,7 @@ static void test_fp22(void)
 static void test_nonfinite(void)
 {
     fp8mix_isa best = fp8mix_cpu_isa();
+    a_layout_mode = FP8MIX_A_MK; /* the rows of A are written below */
     for (size_t v = 0; v < sizeof isas / sizeof isas[0] && isas[v] <= best; v++) {
         fp8mix_set_max_isa(isas[v]);
         for (int accum = 0; accum < 2; accum++) {
@@ -531,14 +538,17 @@ static void test_nonfinite(void)
             free_problem(&p);
         }
     }
+    a_layout_mode = -1;
     fp8mix_set_max_isa(FP8MIX_ISA_AVX512BF16);
 }
 
 static void test_bad_args(void)
 {
     problem p;
+    a_layout_mode = FP8MIX_A_MK;
     make_problem(&p, 4, 6, 130, FP8MIX_E4M3, FP8MIX_E4M3, FP8MIX_B_NK, FP8MIX_MM_SCALE_BLOCK, 1,
                  FP8MIX_F32, FP8MIX_ACCUM_FP32, 0);
+    a_layout_mode = -1;
     float out[4 * 8];
     p.g.out = out;
     CHECK(fp8mix_gemm(&p.g) == FP8MIX_OK, "baseline");
@@ -557,6 +567,12 @@ static void test_bad_args(void)
     EXPECT(m, -1, FP8MIX_ERR_BAD_SHAPE);
     EXPECT(k, -2, FP8MIX_ERR_BAD_SHAPE);
     EXPECT(lda, 129, FP8MIX_ERR_BAD_SHAPE);
+    {   /* A as K x M: lda >= M = 4 suffices, 3 does not */
+        fp8mix_gemm_args g = p.g;
+        g.a_layout = FP8MIX_A_KM;
+        g.lda = 3;
+        CHECK(fp8mix_gemm(&g) == FP8MIX_ERR_BAD_SHAPE && fp8mix_gemm_ref(&g) == FP8MIX_ERR_BAD_SHAPE, "KM lda");
+    }
     EXPECT(ldb, 100, FP8MIX_ERR_BAD_SHAPE);  /* NK: ldb >= k */
     EXPECT(ldo, 5, FP8MIX_ERR_BAD_SHAPE);
     EXPECT(a, NULL, FP8MIX_ERR_NULL_POINTER);
@@ -568,6 +584,7 @@ static void test_bad_args(void)
     EXPECT(out_t, (fp8mix_dtype)3, FP8MIX_ERR_BAD_ENUM);
     EXPECT(bias_t, (fp8mix_dtype)9, FP8MIX_ERR_BAD_ENUM);
     EXPECT(b_layout, (fp8mix_b_layout)2, FP8MIX_ERR_BAD_ENUM);
+    EXPECT(a_layout, (fp8mix_a_layout)2, FP8MIX_ERR_BAD_ENUM);
     EXPECT(accum, (fp8mix_accum)5, FP8MIX_ERR_BAD_ENUM);
     EXPECT(scale_b_kind, (fp8mix_mm_scale)3, FP8MIX_ERR_BAD_ENUM);
     EXPECT(scale_b_kind, FP8MIX_MM_SCALE_TENSOR, FP8MIX_ERR_BAD_ARG);
