@@ -51,14 +51,15 @@ static inline enc256 enc256_init(const fp8_params *p)
  *    subnormal-path value grows linearly (exponentially in the code) and is
  *    never below the normal code (equal in the smallest normal binade);
  *  - a NaN's codes land above every finite code: min with nan_code;
- *  - `floor` (nan_code where an infinite input must give NaN, else 0) is
- *    folded in by an unsigned max.
- * sh is 23 - mbits (a constant after inlining). */
-FP8MIX_INLINE __m256i encode8_sat(const enc256 *c, int sh, __m256 y, __m256i floor)
+ *  - with inf_to_nan (i2n), an infinite x's code is raised to nan_code.
+ * Takes x's bits, |x|'s bits and the scale; sh (23 - mbits) and i2n are
+ * constants after inlining. */
+FP8MIX_INLINE __m256i encode8_sat(const enc256 *c, int sh, int i2n, __m256i xbits, __m256i ax, __m256 s)
 {
-    __m256i bits = _mm256_castps_si256(y);
-    __m256i sign = _mm256_and_si256(_mm256_srli_epi32(bits, 24), _mm256_set1_epi32(0x80));
-    __m256 af = _mm256_min_ps(c->maxf, _mm256_castsi256_ps(_mm256_and_si256(bits, _mm256_set1_epi32(0x7FFFFFFF))));
+    /* |x * s| == |x| * s bit for bit (s > 0; IEEE rounding is symmetric), and
+     * the sign of x * s is x's: one abs serves amax and the encoder */
+    __m256i sign = _mm256_and_si256(_mm256_srli_epi32(xbits, 24), _mm256_set1_epi32(0x80));
+    __m256 af = _mm256_min_ps(c->maxf, _mm256_mul_ps(_mm256_castsi256_ps(ax), s));
     /* the normal path sees at least the smallest normal: its code is then
      * never below the subnormal path's, which wins the min */
     __m256i a = _mm256_max_epi32(_mm256_castps_si256(af), c->min_normal);
@@ -67,7 +68,10 @@ FP8MIX_INLINE __m256i encode8_sat(const enc256 *c, int sh, __m256 y, __m256i flo
     __m256i code = _mm256_sub_epi32(_mm256_srli_epi32(r, sh), c->rebias);
     __m256i sub = _mm256_sub_epi32(_mm256_castps_si256(_mm256_add_ps(af, c->magic)), _mm256_castps_si256(c->magic));
     code = _mm256_min_epu32(_mm256_min_epu32(code, sub), c->nan_code);
-    return _mm256_or_si256(_mm256_max_epu32(code, floor), sign);
+    if (i2n) /* an infinite x (clamped to max_code) becomes nan_code, which exceeds every finite code */
+        code = _mm256_max_epu32(code, _mm256_and_si256(_mm256_cmpeq_epi32(ax, _mm256_set1_epi32(0x7F800000)),
+                                                       c->nan_code));
+    return _mm256_or_si256(code, sign);
 }
 
 /* Round to nearest even, fast path (see cast_avx512.c's encode16_rne). */
@@ -174,25 +178,22 @@ FP8MIX_INLINE int64_t amax_run_t(const void *x, fp8mix_dtype xt, int64_t n, uint
 
 /* The saturating round-to-nearest cast, 32 elements per step; returns how
  * many elements it covered (a multiple of 32). */
-FP8MIX_INLINE int64_t cast_sat_run_t(const void *x, fp8mix_dtype xt, int sh, int64_t n, float scale,
+FP8MIX_INLINE int64_t cast_sat_run_t(const void *x, fp8mix_dtype xt, int sh, int i2n, int64_t n, float scale,
                                      uint8_t *q, uint32_t *amax, const fp8_params *p)
 {
     enc256 c = enc256_init(p);
     const __m256 s = _mm256_set1_ps(scale);
-    const __m256i absmask = _mm256_set1_epi32(0x7FFFFFFF), inf = _mm256_set1_epi32(0x7F800000);
-    const __m256i nan_or_zero = p->inf_to_nan ? c.nan_code : _mm256_setzero_si256();
+    const __m256i absmask = _mm256_set1_epi32(0x7FFFFFFF);
     __m256i m = _mm256_setzero_si256();
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
         __m256i code[4];
 #pragma GCC unroll 4
         for (int u = 0; u < 4; u++) {
-            __m256 v = load8(x, xt, i + 8 * u);
-            __m256i av = _mm256_and_si256(_mm256_castps_si256(v), absmask);
+            __m256i xb = _mm256_castps_si256(load8(x, xt, i + 8 * u));
+            __m256i av = _mm256_and_si256(xb, absmask);
             m = _mm256_max_epu32(m, av);
-            /* inf_to_nan: an infinite x (clamped to max_code) becomes the NaN code;
-             * nan_code exceeds every finite code, so an unsigned max does it. */
-            code[u] = encode8_sat(&c, sh, _mm256_mul_ps(v, s), _mm256_and_si256(_mm256_cmpeq_epi32(av, inf), nan_or_zero));
+            code[u] = encode8_sat(&c, sh, i2n, xb, av, s);
         }
         __m256i w01 = _mm256_packus_epi32(code[0], code[1]), w23 = _mm256_packus_epi32(code[2], code[3]);
         /* packs work per 128-bit lane: the dwords (4 codes each) come out as
@@ -220,15 +221,18 @@ static int64_t amax_run(const void *x, fp8mix_dtype xt, int64_t n, uint32_t *ama
 static int64_t cast_sat_run(const void *x, fp8mix_dtype xt, int64_t n, float scale, uint8_t *q,
                             uint32_t *amax, const fp8_params *p)
 {
-    int e4 = p->fmt == FP8MIX_E4M3; /* the significand shift: 23 - mbits */
+    /* instances: dtype x significand shift (23 - mbits) x inf_to_nan */
+#define RUN(T)                                                                          \
+    (p->fmt == FP8MIX_E4M3 ? (p->inf_to_nan ? cast_sat_run_t(x, T, 20, 1, n, scale, q, amax, p)  \
+                                            : cast_sat_run_t(x, T, 20, 0, n, scale, q, amax, p)) \
+                           : (p->inf_to_nan ? cast_sat_run_t(x, T, 21, 1, n, scale, q, amax, p)  \
+                                            : cast_sat_run_t(x, T, 21, 0, n, scale, q, amax, p)))
     switch (xt) {
-    case FP8MIX_F32: return e4 ? cast_sat_run_t(x, FP8MIX_F32, 20, n, scale, q, amax, p)
-                               : cast_sat_run_t(x, FP8MIX_F32, 21, n, scale, q, amax, p);
-    case FP8MIX_BF16: return e4 ? cast_sat_run_t(x, FP8MIX_BF16, 20, n, scale, q, amax, p)
-                                : cast_sat_run_t(x, FP8MIX_BF16, 21, n, scale, q, amax, p);
-    default: return e4 ? cast_sat_run_t(x, FP8MIX_F16, 20, n, scale, q, amax, p)
-                       : cast_sat_run_t(x, FP8MIX_F16, 21, n, scale, q, amax, p);
+    case FP8MIX_F32: return RUN(FP8MIX_F32);
+    case FP8MIX_BF16: return RUN(FP8MIX_BF16);
+    default: return RUN(FP8MIX_F16);
     }
+#undef RUN
 }
 
 void fp8mix_cast_seg_avx2(const void *x, fp8mix_dtype xt, int64_t n, float scale, uint8_t *q,

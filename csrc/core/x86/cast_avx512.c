@@ -42,10 +42,10 @@ static inline enc512 enc512_init(const fp8_params *p)
  * |y| clamped in float, the unsigned min of the normal-path and
  * subnormal-path codes, then of nan_code; `inf` marks infinite inputs under
  * inf_to_nan, which become the NaN code. */
-FP8MIX_INLINE __m512i encode16_sat(const enc512 *c, int sh, __m512 y, __mmask16 inf)
+FP8MIX_INLINE __m512i encode16_sat(const enc512 *c, int sh, int i2n, __m512i xbits, __m512i ax, __m512 s)
 {
-    __m512i bits = _mm512_castps_si512(y);
-    __m512 af = _mm512_min_ps(c->maxf, _mm512_castsi512_ps(_mm512_and_si512(bits, _mm512_set1_epi32(0x7FFFFFFF))));
+    /* |x * s| == |x| * s bit for bit; the sign of x * s is x's */
+    __m512 af = _mm512_min_ps(c->maxf, _mm512_mul_ps(_mm512_castsi512_ps(ax), s));
     /* the normal path sees at least the smallest normal: its code is then
      * never below the subnormal path's, which wins the min */
     __m512i a = _mm512_max_epi32(_mm512_castps_si512(af), c->min_normal);
@@ -54,9 +54,9 @@ FP8MIX_INLINE __m512i encode16_sat(const enc512 *c, int sh, __m512 y, __mmask16 
     __m512i code = _mm512_sub_epi32(_mm512_srli_epi32(r, sh), c->rebias);
     __m512i sub = _mm512_sub_epi32(_mm512_castps_si512(_mm512_add_ps(af, c->magic)), _mm512_castps_si512(c->magic));
     code = _mm512_min_epu32(_mm512_min_epu32(code, sub), c->nan_code);
-    code = _mm512_mask_mov_epi32(code, inf, c->nan_code);
-    /* code | ((bits >> 24) & 0x80): ternary logic A | (B & C) */
-    return _mm512_ternarylogic_epi32(code, _mm512_srli_epi32(bits, 24), _mm512_set1_epi32(0x80), 0xF8);
+    if (i2n) code = _mm512_mask_mov_epi32(code, _mm512_cmpeq_epi32_mask(ax, _mm512_set1_epi32(0x7F800000)), c->nan_code);
+    /* code | ((x >> 24) & 0x80): ternary logic A | (B & C) */
+    return _mm512_ternarylogic_epi32(code, _mm512_srli_epi32(xbits, 24), _mm512_set1_epi32(0x80), 0xF8);
 }
 
 /* Round to nearest even, fast path with the same results as fp8_encode:
@@ -157,25 +157,24 @@ FP8MIX_INLINE int64_t amax_run_t(const void *x, fp8mix_dtype xt, int64_t n, uint
 
 /* The saturating round-to-nearest cast, 64 elements per step; returns how
  * many elements it covered (a multiple of 64). */
-FP8MIX_INLINE int64_t cast_sat_run_t(const void *x, fp8mix_dtype xt, int sh, int64_t n, float scale,
+FP8MIX_INLINE int64_t cast_sat_run_t(const void *x, fp8mix_dtype xt, int sh, int i2n, int64_t n, float scale,
                                      uint8_t *q, uint32_t *amax, const fp8_params *p)
 {
     enc512 c = enc512_init(p);
     const __m512 s = _mm512_set1_ps(scale);
-    const __m512i absmask = _mm512_set1_epi32(0x7FFFFFFF), inf = _mm512_set1_epi32(0x7F800000);
+    const __m512i absmask = _mm512_set1_epi32(0x7FFFFFFF);
     /* packs work per 128-bit lane: dword 4k + u holds 4 codes of vector u, lane k */
     const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    const __mmask16 i2n = p->inf_to_nan ? (__mmask16)0xFFFF : 0;
     __m512i m = _mm512_setzero_si512();
     int64_t i = 0;
     for (; i + 64 <= n; i += 64) {
         __m512i code[4];
 #pragma GCC unroll 4
         for (int u = 0; u < 4; u++) {
-            __m512 v = load16(x, xt, i + 16 * u, 0xFFFF);
-            __m512i av = _mm512_and_si512(_mm512_castps_si512(v), absmask);
+            __m512i xb = _mm512_castps_si512(load16(x, xt, i + 16 * u, 0xFFFF));
+            __m512i av = _mm512_and_si512(xb, absmask);
             m = _mm512_max_epu32(m, av);
-            code[u] = encode16_sat(&c, sh, _mm512_mul_ps(v, s), _mm512_mask_cmpeq_epi32_mask(i2n, av, inf));
+            code[u] = encode16_sat(&c, sh, i2n, xb, av, s);
         }
         __m512i b = _mm512_packus_epi16(_mm512_packus_epi32(code[0], code[1]), _mm512_packus_epi32(code[2], code[3]));
         _mm512_storeu_si512((void *)(q + i), _mm512_permutexvar_epi32(order, b));
@@ -197,15 +196,18 @@ static int64_t amax_run(const void *x, fp8mix_dtype xt, int64_t n, uint32_t *ama
 static int64_t cast_sat_run(const void *x, fp8mix_dtype xt, int64_t n, float scale, uint8_t *q,
                             uint32_t *amax, const fp8_params *p)
 {
-    int e4 = p->fmt == FP8MIX_E4M3; /* the significand shift: 23 - mbits */
+    /* instances: dtype x significand shift (23 - mbits) x inf_to_nan */
+#define RUN(T)                                                                          \
+    (p->fmt == FP8MIX_E4M3 ? (p->inf_to_nan ? cast_sat_run_t(x, T, 20, 1, n, scale, q, amax, p)  \
+                                            : cast_sat_run_t(x, T, 20, 0, n, scale, q, amax, p)) \
+                           : (p->inf_to_nan ? cast_sat_run_t(x, T, 21, 1, n, scale, q, amax, p)  \
+                                            : cast_sat_run_t(x, T, 21, 0, n, scale, q, amax, p)))
     switch (xt) {
-    case FP8MIX_F32: return e4 ? cast_sat_run_t(x, FP8MIX_F32, 20, n, scale, q, amax, p)
-                               : cast_sat_run_t(x, FP8MIX_F32, 21, n, scale, q, amax, p);
-    case FP8MIX_BF16: return e4 ? cast_sat_run_t(x, FP8MIX_BF16, 20, n, scale, q, amax, p)
-                                : cast_sat_run_t(x, FP8MIX_BF16, 21, n, scale, q, amax, p);
-    default: return e4 ? cast_sat_run_t(x, FP8MIX_F16, 20, n, scale, q, amax, p)
-                       : cast_sat_run_t(x, FP8MIX_F16, 21, n, scale, q, amax, p);
+    case FP8MIX_F32: return RUN(FP8MIX_F32);
+    case FP8MIX_BF16: return RUN(FP8MIX_BF16);
+    default: return RUN(FP8MIX_F16);
     }
+#undef RUN
 }
 
 void fp8mix_cast_seg_avx512(const void *x, fp8mix_dtype xt, int64_t n, float scale, uint8_t *q,
