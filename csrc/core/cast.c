@@ -192,6 +192,8 @@ static void run_job(cast_job *J)
     int64_t ntasks = J->ntr * J->ntc;
     if (ntasks == 0) return;
     int workers = fp8mix_workers_for(J->rows * J->cols * (J->p.stochastic ? 8 : 1), CAST_GRAIN);
+    if (J->q) fp8mix_prefault(J->q, (size_t)((J->rows - 1) * J->ld_q + J->cols), workers);
+    if (J->qt) fp8mix_prefault(J->qt, (size_t)((J->cols - 1) * J->ld_qt + J->rows), workers);
     fp8mix_parallel_for(ntasks, workers, cast_task, J);
 }
 
@@ -421,6 +423,8 @@ fp8mix_status fp8mix_dequantize(const uint8_t *q, fp8mix_format fmt, int64_t row
     dq_job J = {q, rows, cols, ld_q, ld_out, gran, scale_inv, fp8mix_decode_table(fmt),
                 (uint8_t *)out, out_t, dtype_size(out_t), ceil_div(cols, TC), fp8mix_kernels_active()};
     int64_t ntasks = ceil_div(rows, TR) * J.ntc;
-    fp8mix_parallel_for(ntasks, fp8mix_workers_for(rows * cols, CAST_GRAIN), dq_task, &J);
+    int workers = fp8mix_workers_for(rows * cols, CAST_GRAIN);
+    fp8mix_prefault(out, (size_t)((rows - 1) * ld_out + cols) * J.esz, workers);
+    fp8mix_parallel_for(ntasks, workers, dq_task, &J);
     return FP8MIX_OK;
 }
