@@ -209,37 +209,13 @@ FP8MIX_INLINE int64_t cast_sat_run_t(const void *x, fp8mix_dtype xt, int sh, int
     return i;
 }
 
-static int64_t amax_run(const void *x, fp8mix_dtype xt, int64_t n, uint32_t *amax)
-{
-    switch (xt) {
-    case FP8MIX_F32: return amax_run_t(x, FP8MIX_F32, n, amax);
-    case FP8MIX_BF16: return amax_run_t(x, FP8MIX_BF16, n, amax);
-    default: return amax_run_t(x, FP8MIX_F16, n, amax);
-    }
-}
-
-static int64_t cast_sat_run(const void *x, fp8mix_dtype xt, int64_t n, float scale, uint8_t *q,
-                            uint32_t *amax, const fp8_params *p)
-{
-    /* instances: dtype x significand shift (23 - mbits) x inf_to_nan */
-#define RUN(T)                                                                          \
-    (p->fmt == FP8MIX_E4M3 ? (p->inf_to_nan ? cast_sat_run_t(x, T, 20, 1, n, scale, q, amax, p)  \
-                                            : cast_sat_run_t(x, T, 20, 0, n, scale, q, amax, p)) \
-                           : (p->inf_to_nan ? cast_sat_run_t(x, T, 21, 1, n, scale, q, amax, p)  \
-                                            : cast_sat_run_t(x, T, 21, 0, n, scale, q, amax, p)))
-    switch (xt) {
-    case FP8MIX_F32: return RUN(FP8MIX_F32);
-    case FP8MIX_BF16: return RUN(FP8MIX_BF16);
-    default: return RUN(FP8MIX_F16);
-    }
-#undef RUN
-}
+#include "cast_fast.h"
 
 void fp8mix_cast_seg_avx2(const void *x, fp8mix_dtype xt, int64_t n, float scale, uint8_t *q,
                           uint32_t *amax, const fp8_params *p, uint64_t seed, uint64_t rng_start)
 {
-    if (!q || (p->saturate && !p->stochastic)) { /* the common cases: amax only, the training cast */
-        int64_t done = q ? cast_sat_run(x, xt, n, scale, q, amax, p) : amax_run(x, xt, n, amax);
+    int64_t done = fast_prefix(x, xt, n, scale, q, amax, p); /* amax only, the training cast */
+    if (done > 0) {
         if (done == n) return;
         x = (const uint8_t *)x + (size_t)done * dtype_size(xt);
         n -= done;

@@ -16,6 +16,7 @@
 #include <immintrin.h>
 
 #include "gemm_internal.h"
+#include "transpose8.h"
 
 #define FP8MIX_INLINE static inline __attribute__((always_inline))
 
@@ -60,29 +61,31 @@ static inline __m256i pair16(__m256i lo, __m256i hi)
     return _mm256_or_si256(_mm256_srli_epi32(lo, 16), _mm256_and_si256(hi, _mm256_set1_epi32((int)0xFFFF0000u)));
 }
 
-/* 8 rows x 8 bytes -> out[c] = byte c of every row (row r in byte r), c = 0..7. */
-static inline void transpose8x8(const __m128i r[8], __m128i out[8])
+/* The decoded k-steps (k, k+1), k even, of n rows/columns from r0: as a bf16
+ * pair word, or in slots k+1 and k (slot t holds k = t ^ 1). */
+static inline void store_pair(uint32_t *out, int64_t k, int w, int r0, __m256i v0, __m256i v1, int n, int bf16)
 {
-    __m128i a0 = _mm_unpacklo_epi8(r[0], r[1]), a1 = _mm_unpacklo_epi8(r[2], r[3]);
-    __m128i a2 = _mm_unpacklo_epi8(r[4], r[5]), a3 = _mm_unpacklo_epi8(r[6], r[7]);
-    __m128i b0 = _mm_unpacklo_epi16(a0, a1), b1 = _mm_unpackhi_epi16(a0, a1);
-    __m128i b2 = _mm_unpacklo_epi16(a2, a3), b3 = _mm_unpackhi_epi16(a2, a3);
-    __m128i c[4] = {_mm_unpacklo_epi32(b0, b2), _mm_unpackhi_epi32(b0, b2), _mm_unpacklo_epi32(b1, b3),
-                    _mm_unpackhi_epi32(b1, b3)};
-    for (int m = 0; m < 4; m++) {
-        out[2 * m] = c[m];
-        out[2 * m + 1] = _mm_unpackhi_epi64(c[m], c[m]);
+    if (bf16) {
+        store_lanes(out + (k >> 1) * w + r0, pair16(v0, v1), n);
+    } else {
+        store_lanes(out + k * w + r0, v1, n);
+        store_lanes(out + (k + 1) * w + r0, v0, n);
     }
+}
+
+/* Up to 8 bytes at p, `avail` of them readable (zeros for the rest). */
+static inline __m128i load8_upto(const uint8_t *p, int64_t avail)
+{
+    if (avail >= 8) return _mm_loadl_epi64((const __m128i *)p);
+    uint8_t t[8] = {0};
+    if (avail > 0) memcpy(t, p, (size_t)avail);
+    return _mm_loadl_epi64((const __m128i *)t);
 }
 
 /* Bytes k0 .. k0+7 of a row (zeros past kc, or everywhere for a padding row). */
 static inline __m128i load_row8(const uint8_t *row, int64_t k0, int64_t kc)
 {
-    if (!row) return _mm_setzero_si128();
-    if (k0 + 8 <= kc) return _mm_loadl_epi64((const __m128i *)(row + k0));
-    uint8_t t[8] = {0};
-    if (k0 < kc) memcpy(t, row + k0, (size_t)(kc - k0));
-    return _mm_loadl_epi64((const __m128i *)t);
+    return row ? load8_upto(row + k0, kc - k0) : _mm_setzero_si128();
 }
 
 FP8MIX_INLINE void pack_krows_t(int e4, const uint8_t *src, int64_t ld, int nv, int w, int64_t kc, int bf16,
@@ -97,17 +100,10 @@ FP8MIX_INLINE void pack_krows_t(int e4, const uint8_t *src, int64_t ld, int nv, 
         for (int64_t k0 = 0; k0 < kce; k0 += 8) {
             __m128i in[8], col[8];
             for (int r = 0; r < 8; r++) in[r] = load_row8(rows[r], k0, kc);
-            transpose8x8(in, col);
+            fp8mix_transpose8x8_regs(in, col);
             int64_t kn = kce - k0 < 8 ? kce - k0 : 8; /* even */
-            for (int64_t k = 0; k < kn; k += 2) {
-                __m256i v0 = decode8(e4, col[k]), v1 = decode8(e4, col[k + 1]);
-                if (bf16) {
-                    store_lanes(out + ((k0 + k) >> 1) * w + r0, pair16(v0, v1), n);
-                } else { /* slot t holds k = t ^ 1 */
-                    store_lanes(out + (k0 + k) * w + r0, v1, n);
-                    store_lanes(out + (k0 + k + 1) * w + r0, v0, n);
-                }
-            }
+            for (int64_t k = 0; k < kn; k += 2)
+                store_pair(out, k0 + k, w, r0, decode8(e4, col[k]), decode8(e4, col[k + 1]), n, bf16);
         }
     }
 }
@@ -122,12 +118,7 @@ void fp8mix_gemm_pack_krows__avx2(const uint8_t *src, int64_t ld, int nv, int w,
 /* Bytes c0 .. c0+7 of row k (zeros past nv or past kc). */
 static inline __m128i load_cols8(const uint8_t *src, int64_t ld, int64_t k, int64_t kc, int c0, int nv)
 {
-    if (k >= kc || c0 >= nv) return _mm_setzero_si128();
-    const uint8_t *p = src + k * ld + c0;
-    if (c0 + 8 <= nv) return _mm_loadl_epi64((const __m128i *)p);
-    uint8_t t[8] = {0};
-    memcpy(t, p, (size_t)(nv - c0));
-    return _mm_loadl_epi64((const __m128i *)t);
+    return k < kc && c0 < nv ? load8_upto(src + k * ld + c0, nv - c0) : _mm_setzero_si128();
 }
 
 FP8MIX_INLINE void pack_kcols_t(int e4, const uint8_t *src, int64_t ld, int nv, int w, int64_t kc, int bf16,
@@ -138,14 +129,8 @@ FP8MIX_INLINE void pack_kcols_t(int e4, const uint8_t *src, int64_t ld, int nv, 
     for (int64_t k = 0; k < kce; k += 2) {
         for (int c0 = 0; c0 < w; c0 += 8) {
             int n = w - c0 < 8 ? w - c0 : 8;
-            __m256i v0 = decode8(e4, load_cols8(src, ld, k, kc, c0, nv));
-            __m256i v1 = decode8(e4, load_cols8(src, ld, k + 1, kc, c0, nv));
-            if (bf16) {
-                store_lanes(out + (k >> 1) * w + c0, pair16(v0, v1), n);
-            } else {
-                store_lanes(out + k * w + c0, v1, n);
-                store_lanes(out + (k + 1) * w + c0, v0, n);
-            }
+            store_pair(out, k, w, c0, decode8(e4, load_cols8(src, ld, k, kc, c0, nv)),
+                       decode8(e4, load_cols8(src, ld, k + 1, kc, c0, nv)), n, bf16);
         }
     }
 }
