@@ -1,6 +1,6 @@
 /*
  * gemm_pack_avx2.c — AVX2 packing of GEMM panels: FP8 bytes decoded to
- * float32 (or bf16 pairs) eight at a time, in the layouts of gemm_internal.h.
+ * float32 (or bf16 pairs) sixteen at a time, in the layouts of gemm_internal.h.
  * Bit-identical to the scalar packing in gemm.c (tests/c/test_gemm.c compares
  * them over every byte, also with DAZ/FTZ set); used by every x86 microkernel.
  *
@@ -20,24 +20,29 @@
 
 #define FP8MIX_INLINE static inline __attribute__((always_inline))
 
-/* Eight FP8 bytes (the low 8 of b) to eight float32 patterns; e4 is a
+/* Sixteen FP8 bytes to sixteen float32 patterns: bytes 0-7 into *lo, 8-15
+ * into *hi (the float16 stage works on all 16 lanes at once); e4 is a
  * constant after inlining. */
-FP8MIX_INLINE __m256i decode8(int e4, __m128i b)
+FP8MIX_INLINE void decode16(int e4, __m128i b, __m256i *lo, __m256i *hi)
 {
-    const __m128i sign = _mm_set1_epi16((short)0x8000), qnan = _mm_set1_epi16(0x7E00);
-    __m128i x = _mm_cvtepu8_epi16(b), h, nan;
+    const __m256i sign = _mm256_set1_epi16((short)0x8000), qnan = _mm256_set1_epi16(0x7E00);
+    __m256i x = _mm256_cvtepu8_epi16(b), h, nan;
     if (e4) {
-        h = _mm_or_si128(_mm_and_si128(_mm_slli_epi16(x, 7), _mm_set1_epi16(0x3F80)),
-                         _mm_and_si128(_mm_slli_epi16(x, 8), sign));
-        nan = _mm_cmpeq_epi16(_mm_and_si128(x, _mm_set1_epi16(0x7F)), _mm_set1_epi16(0x7F));
+        h = _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi16(x, 7), _mm256_set1_epi16(0x3F80)),
+                            _mm256_and_si256(_mm256_slli_epi16(x, 8), sign));
+        nan = _mm256_cmpeq_epi16(_mm256_and_si256(x, _mm256_set1_epi16(0x7F)), _mm256_set1_epi16(0x7F));
     } else {
-        h = _mm_slli_epi16(x, 8);
-        nan = _mm_cmpgt_epi16(_mm_andnot_si128(sign, h), _mm_set1_epi16(0x7C00));
+        h = _mm256_slli_epi16(x, 8);
+        nan = _mm256_cmpgt_epi16(_mm256_andnot_si256(sign, h), _mm256_set1_epi16(0x7C00));
     }
-    h = _mm_blendv_epi8(h, _mm_or_si128(_mm_and_si128(h, sign), qnan), nan);
-    __m256 f = _mm256_cvtph_ps(h);
-    if (e4) f = _mm256_mul_ps(f, _mm256_set1_ps(256.0f));
-    return _mm256_castps_si256(f);
+    h = _mm256_blendv_epi8(h, _mm256_or_si256(_mm256_and_si256(h, sign), qnan), nan);
+    __m256 f0 = _mm256_cvtph_ps(_mm256_castsi256_si128(h)), f1 = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+    if (e4) {
+        f0 = _mm256_mul_ps(f0, _mm256_set1_ps(256.0f));
+        f1 = _mm256_mul_ps(f1, _mm256_set1_ps(256.0f));
+    }
+    *lo = _mm256_castps_si256(f0);
+    *hi = _mm256_castps_si256(f1);
 }
 
 /* Store the first n (1..8) lanes of v at p. */
@@ -98,12 +103,15 @@ FP8MIX_INLINE void pack_krows_t(int e4, const uint8_t *src, int64_t ld, int nv, 
         const uint8_t *rows[8];
         for (int r = 0; r < 8; r++) rows[r] = r0 + r < nv && r < n ? src + (r0 + r) * ld : NULL;
         for (int64_t k0 = 0; k0 < kce; k0 += 8) {
-            __m128i in[8], col[8];
+            __m128i in[8], pairs[4];
             for (int r = 0; r < 8; r++) in[r] = load_row8(rows[r], k0, kc);
-            fp8mix_transpose8x8_regs(in, col);
+            fp8mix_transpose8x8_pairs(in, pairs); /* pairs[m]: k-steps 2m and 2m + 1 */
             int64_t kn = kce - k0 < 8 ? kce - k0 : 8; /* even */
-            for (int64_t k = 0; k < kn; k += 2)
-                store_pair(out, k0 + k, w, r0, decode8(e4, col[k]), decode8(e4, col[k + 1]), n, bf16);
+            for (int64_t k = 0; k < kn; k += 2) {
+                __m256i v0, v1;
+                decode16(e4, pairs[k >> 1], &v0, &v1);
+                store_pair(out, k0 + k, w, r0, v0, v1, n, bf16);
+            }
         }
     }
 }
@@ -129,8 +137,10 @@ FP8MIX_INLINE void pack_kcols_t(int e4, const uint8_t *src, int64_t ld, int nv, 
     for (int64_t k = 0; k < kce; k += 2) {
         for (int c0 = 0; c0 < w; c0 += 8) {
             int n = w - c0 < 8 ? w - c0 : 8;
-            store_pair(out, k, w, c0, decode8(e4, load_cols8(src, ld, k, kc, c0, nv)),
-                       decode8(e4, load_cols8(src, ld, k + 1, kc, c0, nv)), n, bf16);
+            __m256i v0, v1;
+            decode16(e4, _mm_unpacklo_epi64(load_cols8(src, ld, k, kc, c0, nv), load_cols8(src, ld, k + 1, kc, c0, nv)),
+                     &v0, &v1);
+            store_pair(out, k, w, c0, v0, v1, n, bf16);
         }
     }
 }
