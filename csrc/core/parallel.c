@@ -30,7 +30,7 @@
 #include "internal.h"
 
 #define MAX_WORKERS 256
-#define SPIN_NS 50000 /* how long an idle helper (or a waiting caller) spins before sleeping */
+#define SPIN_NS 20000 /* how long an idle helper (or a waiting caller) spins before sleeping */
 
 static atomic_int g_num_threads = 0; /* 0: number of online CPUs */
 
