@@ -745,9 +745,9 @@ NormArgs norm_args(const char *op, const View2D &v, const at::Tensor &x, const c
 // What the op returns for the statistics: the ones it computed, or nothing when given.
 std::tuple<at::Tensor, at::Tensor> stats_out(const NormArgs &a, const at::Tensor &x)
 {
-    at::Tensor none = at::empty({0}, x.options().dtype(at::kFloat));
-    if (a.given) return {none, none};
-    return {a.mean.defined() ? a.mean : none, a.rstd};
+    auto none = [&] { return at::empty({0}, x.options().dtype(at::kFloat)); }; // distinct tensors: outputs never alias
+    if (a.given) return {none(), none()};
+    return {a.mean.defined() ? a.mean : none(), a.rstd};
 }
 
 float *ptr_or_null(const at::Tensor &t) { return t.defined() && t.numel() ? t.data_ptr<float>() : nullptr; }

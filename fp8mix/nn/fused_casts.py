@@ -155,16 +155,25 @@ def fused_input_cast(m, src, plan: Plan, replay, *, want_hp: bool):
     return xq, x_sinv, (xqt if want_xt else None), (x_sinv if want_xt else None), (out if want_hp else None)
 
 
-def _outputs(ctx, x2, casts, hp, shape):
-    """The function's outputs: the values (or a zero-storage stand-in of `shape`), then the
-    FP8 casts (None as an empty tensor), marked non-differentiable."""
+def _outputs(x2, casts, hp, shape):
+    """The values (or a zero-storage stand-in of `shape`), then the FP8 casts (None as an
+    empty tensor: autograd functions return tensors)."""
     xq, x_sinv, x_save, x_save_sinv = casts
-    empty = x2.new_empty((0,))
-    x_save = empty if x_save is None else x_save
-    x_save_sinv = empty if x_save_sinv is None else x_save_sinv
-    ctx.mark_non_differentiable(xq, x_sinv, x_save, x_save_sinv)
+    x_save = x2.new_empty((0,)) if x_save is None else x_save
+    x_save_sinv = x2.new_empty((0,)) if x_save_sinv is None else x_save_sinv
     out = hp if hp is not None else x2.new_zeros(()).expand(shape)
     return out, xq, x_sinv, x_save, x_save_sinv
+
+
+def _norm_forward(x2, gamma, beta, spec: NormSpec, m, plan, replay, want_hp: bool):
+    src = NormSource(x2.detach(), gamma, beta, spec)
+    *casts, hp = fused_input_cast(m, src, plan, replay, want_hp=want_hp)
+    return _outputs(x2, casts, hp, x2.shape), src
+
+
+def _act_forward(h2, act: ops.Act, m, plan, replay, want_hp: bool):
+    *casts, hp = fused_input_cast(m, ActSource(h2.detach(), act), plan, replay, want_hp=want_hp)
+    return _outputs(h2, casts, hp, (h2.shape[0], h2.shape[1] // 2 if act.gated else h2.shape[1]))
 
 
 class _NormCast(torch.autograd.Function):
@@ -172,11 +181,11 @@ class _NormCast(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x2, gamma, beta, spec: NormSpec, m, plan, replay, want_hp: bool):
-        src = NormSource(x2.detach(), gamma, beta, spec)
-        *casts, hp = fused_input_cast(m, src, plan, replay, want_hp=want_hp)
+        out, src = _norm_forward(x2, gamma, beta, spec, m, plan, replay, want_hp)
         ctx.save_for_backward(x2, gamma, beta, src.mean, src.rstd)
         ctx.spec = spec
-        return _outputs(ctx, x2, casts, hp, x2.shape)
+        ctx.mark_non_differentiable(*out[1:])
+        return out
 
     @staticmethod
     def backward(ctx, dy, *_):
@@ -190,16 +199,22 @@ class _ActCast(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, h2, act: ops.Act, m, plan, replay, want_hp: bool):
-        *casts, hp = fused_input_cast(m, ActSource(h2.detach(), act), plan, replay, want_hp=want_hp)
+        out = _act_forward(h2, act, m, plan, replay, want_hp)
         ctx.save_for_backward(h2)
         ctx.act = act
-        f = h2.shape[1] // 2 if act.gated else h2.shape[1]
-        return _outputs(ctx, h2, casts, hp, (h2.shape[0], f))
+        ctx.mark_non_differentiable(*out[1:])
+        return out
 
     @staticmethod
     def backward(ctx, dy, *_):
         (h2,) = ctx.saved_tensors
         return act_backward(ctx.act, dy, h2), None, None, None, None, None
+
+
+def _tracked(*tensors) -> bool:
+    """Whether autograd records an op on these (fp8_forward runs input casts under
+    enable_grad; inference mode and inputs without grad build no graph)."""
+    return not torch.is_inference_mode_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
 def _finish(out, xq, x_sinv, x_save, x_save_sinv, plan: Plan):
@@ -209,14 +224,21 @@ def _finish(out, xq, x_sinv, x_save, x_save_sinv, plan: Plan):
 
 def _norm_cast(m, x2, plan, replay, *, gamma, beta, spec, want_hp, keep):
     want = want_hp or plan.monitor is not None  # a sampling monitor reads the values
-    out = _NormCast.apply(x2, gamma, beta, spec, m, plan, replay, want)
+    if _tracked(x2, gamma, beta):
+        out = _NormCast.apply(x2, gamma, beta, spec, m, plan, replay, want)
+    else:
+        out = _norm_forward(x2, gamma, beta, spec, m, plan, replay, want)[0]
     if want_hp:
         keep.append(out[0])
     return _finish(*out, plan)
 
 
 def _act_cast(m, x2, plan, replay, *, h2, act):
-    out = _ActCast.apply(h2, act, m, plan, replay, plan.monitor is not None)
+    want = plan.monitor is not None
+    if _tracked(h2):
+        out = _ActCast.apply(h2, act, m, plan, replay, want)
+    else:
+        out = _act_forward(h2, act, m, plan, replay, want)
     return _finish(*out, plan)
 
 
