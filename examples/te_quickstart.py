@@ -179,7 +179,7 @@ def main(argv=None) -> dict:
         m.to(DEVICE, dtype)
     share_parameters(models, basic)
 
-    results: dict = {"outputs": {}, "ms": {}}
+    results: dict = {"input": x, "outputs": {}, "ms": {}}
     for name, m in [("basic", basic), *models.items()]:
         m.eval()  # dropout off, so the versions can be compared
         torch.manual_seed(1234)
