@@ -44,18 +44,19 @@ def _base(act: Act, a: torch.Tensor) -> torch.Tensor:
     return torch.square(F.relu(a))
 
 
-def _base_backward(act: Act, g: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
-    """g * act'(a)."""
+def _base_backward(act: Act, g: torch.Tensor, a: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """out = g * act'(a) (out: the gradient of a, possibly a view into the gradient of h)."""
+    aten = torch.ops.aten
     if act in (Act.GELU, Act.GEGLU):
-        return torch.ops.aten.gelu_backward(g, a, approximate="tanh")
+        return aten.gelu_backward.grad_input(g, a, approximate="tanh", grad_input=out)
     if act in (Act.RELU, Act.REGLU):
-        return torch.ops.aten.threshold_backward(g, a, 0)
+        return aten.threshold_backward.grad_input(g, a, 0, grad_input=out)
     if act in (Act.SILU, Act.SWIGLU):
-        return torch.ops.aten.silu_backward(g, a)
+        return aten.silu_backward.grad_input(g, a, grad_input=out)
     if act in (Act.QGELU, Act.QGEGLU):
         s = torch.sigmoid(1.702 * a)
-        return g * (s * (1 + 1.702 * a * (1 - s)))
-    return g * (2 * F.relu(a))
+        return torch.mul(g, s * (1 + 1.702 * a * (1 - s)), out=out)
+    return torch.mul(g, 2 * F.relu(a), out=out)
 
 
 def act_hp(act: Act, h: torch.Tensor) -> torch.Tensor:
@@ -70,10 +71,10 @@ def act_backward(act: Act, dy: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     """dh for the activation of h (2-D) given dy, the gradient of its output."""
     dy = dy.to(h.dtype)
     if not act.gated:
-        return _base_backward(act, dy, h)
+        return _base_backward(act, dy, h, torch.empty_like(h))
     f = h.shape[-1] // 2
     a, b = h[:, :f], h[:, f:]
-    dh = torch.empty_like(h)
+    dh = torch.empty_like(h)  # both halves written in place: no concatenation
     torch.mul(dy, _base(act, a), out=dh[:, f:])          # d/db = act(a)
-    dh[:, :f] = _base_backward(act, dy * b, a)            # d/da = b act'(a)
+    _base_backward(act, dy * b, a, out=dh[:, :f])        # d/da = b act'(a)
     return dh
