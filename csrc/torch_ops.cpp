@@ -622,6 +622,248 @@ void set_max_isa(std::string name)
                       "' (expected scalar, avx2, avx512 or avx512bf16)");
 }
 
+// ---- CPU: fused producer casts (csrc/core/norm.c, act.c) ----------------------------
+//
+// A norm or an activation that writes its GEMM's FP8 input itself: the cast half
+// (granularity, given scales or current scaling, the outputs) is the same for both
+// producers and lives in FusedPrep; the delayed variants take a module's state
+// tensors like delayed_cast.  Produced tensors have x's leading dimensions.
+
+struct FusedPrep {
+    fp8mix_fused_out out;
+    fp8mix_cast_opts o;
+    at::Tensor q, qt, scale_inv, amax, hp, scale;
+};
+
+// sizes: the produced tensor's (rows x cols as 2-D); `like`: the input, whose
+// leading dimensions the per-granularity outputs take.
+FusedPrep prepare_fused(const char *op, const at::Tensor &like, std::vector<int64_t> sizes, int64_t rows,
+                        int64_t cols, at::ScalarType fp8_dtype, int64_t gran, const c10::optional<at::Tensor> &scale,
+                        int64_t margin, bool pow2, double eps, bool want_q, bool transpose, bool inf_to_nan,
+                        const c10::optional<at::Tensor> &rng, int64_t rng_skip,
+                        c10::optional<at::ScalarType> hp_out)
+{
+    FusedPrep f;
+    std::memset(&f.out, 0, sizeof f.out);
+    const fp8mix_format fmt = fp8_format(fp8_dtype, op);
+    const fp8mix_granularity g = granularity(gran, op);
+    check_margin_eps(op, margin, eps);
+    TORCH_CHECK_VALUE(want_q || !transpose, "fp8mix.", op, ": transpose needs want_q (the transpose is made from q)");
+    const at::TensorOptions opt = like.options();
+    f.q = at::empty(want_q ? at::IntArrayRef(sizes) : at::IntArrayRef{0}, opt.dtype(fp8_dtype));
+    f.qt = at::empty(transpose ? std::vector<int64_t>{cols, rows} : std::vector<int64_t>{0}, opt.dtype(fp8_dtype));
+    auto sshape = scale_shape(like, g, rows, cols);
+    f.scale_inv = at::ones(sshape, opt.dtype(at::kFloat));
+    f.amax = at::zeros(sshape, opt.dtype(at::kFloat));
+    f.hp = hp_out.has_value() ? at::empty(sizes, opt.dtype(*hp_out)) : at::empty({0}, opt.dtype(at::kFloat));
+    fp8mix_dtype yt = hp_out.has_value() ? hp_dtype(*hp_out, op) : FP8MIX_F32;
+    if (scale.has_value() && scale->defined()) {
+        f.scale = scale_arg(*scale, scale_count(g, rows, cols), kCPU, op, "scale");
+        f.out.scale = f.scale.data_ptr<float>();
+    }
+    f.o = make_opts(fmt, true, false, 0, 0, inf_to_nan);
+    apply_rng(f.o, rng, rng_skip, op);
+    f.out.gran = g;
+    f.out.margin = (int)margin;
+    f.out.pow2 = pow2 ? 1 : 0;
+    f.out.amax_epsilon = (float)eps;
+    f.out.q = want_q && f.q.numel() ? (uint8_t *)f.q.data_ptr() : nullptr;
+    f.out.ld_q = ld_of(cols);
+    f.out.qt = f.qt.numel() ? (uint8_t *)f.qt.data_ptr() : nullptr;
+    f.out.ld_qt = ld_of(rows);
+    f.out.scale_inv = f.scale_inv.data_ptr<float>();
+    f.out.amax = f.amax.data_ptr<float>();
+    f.out.y = hp_out.has_value() && f.hp.numel() ? f.hp.data_ptr() : nullptr;
+    f.out.yt = yt;
+    f.out.ld_y = ld_of(cols);
+    return f;
+}
+
+// A CPU float32 vector of n entries (a norm's statistics), contiguous.
+at::Tensor stats_arg(const at::Tensor &t, int64_t n, const char *op, const char *name)
+{
+    TORCH_CHECK_TYPE(t.scalar_type() == at::kFloat, "fp8mix.", op, ": ", name, " must be float32, got ",
+                     t.scalar_type());
+    check_on(t, kCPU, op, name);
+    TORCH_CHECK_VALUE(t.numel() == n, "fp8mix.", op, ": ", name, " has ", t.numel(), " entries, expected ", n,
+                      " (one per row)");
+    return t.contiguous();
+}
+
+// The normalization's arguments; stats given (mean / rstd of an earlier call) or
+// allocated here and returned.
+struct NormArgs {
+    fp8mix_norm_params np;
+    at::Tensor gamma, beta, mean, rstd;
+    bool given = false;
+};
+
+NormArgs norm_args(const char *op, const View2D &v, const at::Tensor &x, const c10::optional<at::Tensor> &gamma,
+                   const c10::optional<at::Tensor> &beta, int64_t kind, double eps, bool zero_centered_gamma,
+                   const c10::optional<at::Tensor> &mean, const c10::optional<at::Tensor> &rstd)
+{
+    NormArgs a;
+    std::memset(&a.np, 0, sizeof a.np);
+    TORCH_CHECK_VALUE(kind == 0 || kind == 1, "fp8mix.", op, ": kind must be 0 (LayerNorm) or 1 (RMSNorm), got ",
+                      kind);
+    TORCH_CHECK_VALUE(eps >= 0.0 && std::isfinite(eps), "fp8mix.", op, ": eps must be finite and >= 0, got ", eps);
+    a.np.kind = (fp8mix_norm_kind)kind;
+    a.np.eps = (float)eps;
+    a.np.zero_centered_gamma = zero_centered_gamma ? 1 : 0;
+    at::ScalarType wdt = at::kFloat;
+    for (int k = 0; k < 2; k++) {
+        const c10::optional<at::Tensor> &w = k ? beta : gamma;
+        if (!w.has_value() || !w->defined()) continue;
+        const char *name = k ? "beta" : "gamma";
+        hp_dtype(*w, op, name);
+        check_on(*w, kCPU, op, name);
+        TORCH_CHECK_VALUE(w->numel() == v.cols, "fp8mix.", op, ": ", name, " has ", w->numel(),
+                          " entries but x has ", v.cols, " features");
+        TORCH_CHECK_TYPE(!(k && a.gamma.defined()) || w->scalar_type() == wdt, "fp8mix.", op,
+                         ": gamma and beta must have one dtype, got ", wdt, " and ", w->scalar_type());
+        wdt = w->scalar_type();
+        (k ? a.beta : a.gamma) = w->contiguous();
+    }
+    a.np.gamma = a.gamma.defined() ? a.gamma.data_ptr() : nullptr;
+    a.np.beta = a.beta.defined() ? a.beta.data_ptr() : nullptr;
+    a.np.wt = hp_dtype(wdt, op, "gamma");
+    const bool layer = kind == 0;
+    a.given = rstd.has_value() && rstd->defined();
+    if (a.given) {
+        TORCH_CHECK_VALUE(!layer || (mean.has_value() && mean->defined()), "fp8mix.", op,
+                          ": LayerNorm statistics need mean with rstd");
+        a.rstd = stats_arg(*rstd, v.rows, op, "rstd");
+        if (layer) a.mean = stats_arg(*mean, v.rows, op, "mean");
+    } else {
+        TORCH_CHECK_VALUE(!(mean.has_value() && mean->defined()), "fp8mix.", op, ": mean given without rstd");
+        a.rstd = at::empty({v.rows}, x.options().dtype(at::kFloat));
+        if (layer) a.mean = at::empty({v.rows}, x.options().dtype(at::kFloat));
+    }
+    return a;
+}
+
+// What the op returns for the statistics: the ones it computed, or nothing when given.
+std::tuple<at::Tensor, at::Tensor> stats_out(const NormArgs &a, const at::Tensor &x)
+{
+    auto none = [&] { return at::empty({0}, x.options().dtype(at::kFloat)); }; // distinct tensors: outputs never alias
+    if (a.given) return {none(), none()};
+    return {a.mean.defined() ? a.mean : none(), a.rstd};
+}
+
+float *ptr_or_null(const at::Tensor &t) { return t.defined() && t.numel() ? t.data_ptr<float>() : nullptr; }
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+norm_cast_cpu(const at::Tensor &x, const c10::optional<at::Tensor> &gamma, const c10::optional<at::Tensor> &beta,
+              int64_t kind, double eps, bool zero_centered_gamma, at::ScalarType fp8_dtype, int64_t gran,
+              const c10::optional<at::Tensor> &scale, int64_t margin, bool pow2, double amax_eps, bool want_q,
+              bool transpose, bool inf_to_nan, const c10::optional<at::Tensor> &rng, int64_t rng_skip,
+              const c10::optional<at::Tensor> &mean, const c10::optional<at::Tensor> &rstd,
+              c10::optional<at::ScalarType> hp_out)
+{
+    const char *op = "norm_cast";
+    check_on(x, kCPU, op, "x");
+    const fp8mix_dtype xt = hp_dtype(x, op, "x");
+    View2D v = view2d(x);
+    NormArgs a = norm_args(op, v, x, gamma, beta, kind, eps, zero_centered_gamma, mean, rstd);
+    FusedPrep f = prepare_fused(op, x, x.sizes().vec(), v.rows, v.cols, fp8_dtype, gran, scale, margin, pow2, amax_eps,
+                                want_q, transpose, inf_to_nan, rng, rng_skip, hp_out);
+    sync_threads();
+    check_status(fp8mix_norm_cast(v.t.data_ptr(), xt, v.rows, v.cols, v.ld, &a.np, ptr_or_null(a.mean),
+                                  ptr_or_null(a.rstd), a.given ? 1 : 0, &f.out, &f.o),
+                 op, "scale must be finite and > 0");
+    auto st = stats_out(a, x);
+    return {f.q, f.qt, f.scale_inv, f.amax, std::get<0>(st), std::get<1>(st), f.hp};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+norm_delayed_cast_cpu(const at::Tensor &x, const c10::optional<at::Tensor> &gamma,
+                      const c10::optional<at::Tensor> &beta, int64_t kind, double eps, bool zero_centered_gamma,
+                      const at::Tensor &hist, const at::Tensor &scale, const at::Tensor &steps, int64_t role,
+                      int64_t history_len, at::ScalarType fp8_dtype, int64_t margin, bool pow2, c10::string_view algo,
+                      int64_t interval, bool record, bool transpose, bool inf_to_nan,
+                      const c10::optional<at::Tensor> &fresh_amax, const c10::optional<at::Tensor> &rng,
+                      int64_t rng_skip, const c10::optional<at::Tensor> &mean, const c10::optional<at::Tensor> &rstd,
+                      c10::optional<at::ScalarType> hp_out)
+{
+    const char *op = "norm_delayed_cast";
+    check_on(x, kCPU, op, "x");
+    const fp8mix_dtype xt = hp_dtype(x, op, "x");
+    Delayed d = delayed_args(hist, scale, steps, history_len, margin, pow2, algo, interval, op);
+    check_role(role, d, op);
+    const float *fa = scalar_f32(fresh_amax, op, "fresh_amax");
+    View2D v = view2d(x);
+    NormArgs a = norm_args(op, v, x, gamma, beta, kind, eps, zero_centered_gamma, mean, rstd);
+    FusedPrep f = prepare_fused(op, x, x.sizes().vec(), v.rows, v.cols, fp8_dtype, FP8MIX_GRAN_TENSOR, c10::nullopt,
+                                margin, pow2, 0.0, true, transpose, inf_to_nan, rng, rng_skip, hp_out);
+    at::Tensor scales = at::empty({2}, x.options().dtype(at::kFloat));
+    sync_threads();
+    check_status(fp8mix_norm_cast_delayed(v.t.data_ptr(), xt, v.rows, v.cols, v.ld, &a.np, ptr_or_null(a.mean),
+                                          ptr_or_null(a.rstd), a.given ? 1 : 0, &f.out, &d.st, role, &d.r, fa,
+                                          record ? 1 : 0, &f.o, scales.data_ptr<float>()),
+                 op, "the state's scale must be finite and > 0");
+    auto st = stats_out(a, x);
+    return {f.q, f.qt, scales, f.amax, std::get<0>(st), std::get<1>(st), f.hp};
+}
+
+// An activation's input: its kind, and the produced sizes (half the last dim when gated).
+std::vector<int64_t> act_sizes(const char *op, const at::Tensor &h, const View2D &v, int64_t act, int64_t *cols)
+{
+    const int gated = fp8mix_act_gated((fp8mix_act_kind)act);
+    TORCH_CHECK_VALUE(gated >= 0, "fp8mix.", op, ": unknown activation kind ", act, " (0..9, fp8mix_act_kind)");
+    TORCH_CHECK_VALUE(!gated || v.cols % 2 == 0, "fp8mix.", op, ": a gated activation needs an even last ",
+                      "dimension (two halves), got ", v.cols);
+    *cols = gated ? v.cols / 2 : v.cols;
+    std::vector<int64_t> sizes = h.dim() ? h.sizes().vec() : std::vector<int64_t>{1};
+    sizes.back() = *cols;
+    return sizes;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+act_cast_cpu(const at::Tensor &h, int64_t act, at::ScalarType fp8_dtype, int64_t gran,
+             const c10::optional<at::Tensor> &scale, int64_t margin, bool pow2, double amax_eps, bool want_q,
+             bool transpose, bool inf_to_nan, const c10::optional<at::Tensor> &rng, int64_t rng_skip,
+             c10::optional<at::ScalarType> hp_out)
+{
+    const char *op = "act_cast";
+    check_on(h, kCPU, op, "h");
+    const fp8mix_dtype ht = hp_dtype(h, op, "h");
+    View2D v = view2d(h);
+    int64_t cols;
+    auto sizes = act_sizes(op, h, v, act, &cols);
+    FusedPrep f = prepare_fused(op, h, sizes, v.rows, cols, fp8_dtype, gran, scale, margin, pow2, amax_eps, want_q,
+                                transpose, inf_to_nan, rng, rng_skip, hp_out);
+    sync_threads();
+    check_status(fp8mix_act_cast(v.t.data_ptr(), ht, v.rows, v.cols, v.ld, (fp8mix_act_kind)act, &f.out, &f.o), op,
+                 "scale must be finite and > 0");
+    return {f.q, f.qt, f.scale_inv, f.amax, f.hp};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+act_delayed_cast_cpu(const at::Tensor &h, int64_t act, const at::Tensor &hist, const at::Tensor &scale,
+                     const at::Tensor &steps, int64_t role, int64_t history_len, at::ScalarType fp8_dtype,
+                     int64_t margin, bool pow2, c10::string_view algo, int64_t interval, bool record, bool transpose,
+                     bool inf_to_nan, const c10::optional<at::Tensor> &fresh_amax,
+                     const c10::optional<at::Tensor> &rng, int64_t rng_skip, c10::optional<at::ScalarType> hp_out)
+{
+    const char *op = "act_delayed_cast";
+    check_on(h, kCPU, op, "h");
+    const fp8mix_dtype ht = hp_dtype(h, op, "h");
+    Delayed d = delayed_args(hist, scale, steps, history_len, margin, pow2, algo, interval, op);
+    check_role(role, d, op);
+    const float *fa = scalar_f32(fresh_amax, op, "fresh_amax");
+    View2D v = view2d(h);
+    int64_t cols;
+    auto sizes = act_sizes(op, h, v, act, &cols);
+    FusedPrep f = prepare_fused(op, h, sizes, v.rows, cols, fp8_dtype, FP8MIX_GRAN_TENSOR, c10::nullopt, margin, pow2,
+                                0.0, true, transpose, inf_to_nan, rng, rng_skip, hp_out);
+    at::Tensor scales = at::empty({2}, h.options().dtype(at::kFloat));
+    sync_threads();
+    check_status(fp8mix_act_cast_delayed(v.t.data_ptr(), ht, v.rows, v.cols, v.ld, (fp8mix_act_kind)act, &f.out,
+                                         &d.st, role, &d.r, fa, record ? 1 : 0, &f.o, scales.data_ptr<float>()),
+                 op, "the state's scale must be finite and > 0");
+    return {f.q, f.qt, scales, f.amax, f.hp};
+}
+
 } // namespace
 
 #ifdef FP8MIX_WITH_CUDA
@@ -1042,6 +1284,30 @@ TORCH_LIBRARY(fp8mix, m)
           "Tensor? slot=None, int margin=0, bool power_2_scale=False, float amax_epsilon=0.0, "
           "bool transpose=False, bool colsum=False, bool inf_to_nan=True, Tensor? rng=None, int rng_skip=0) "
           "-> (Tensor q, Tensor qt, Tensor scale_inv, Tensor amax, Tensor colsum)");
+    // Fused producer casts (csrc/core/norm.c, act.c): a norm / an activation written as FP8.
+    // kind: 0 LayerNorm, 1 RMSNorm; act: fp8mix_act_kind; scale None: current scaling;
+    // want_q=False, transpose=False: amaxes only; mean/rstd given: reused (and returned empty);
+    // hp_dtype: also return the high-precision values (else an empty hp).
+    m.def("norm_cast(Tensor x, Tensor? gamma, Tensor? beta, int kind, float eps, bool zero_centered_gamma, "
+          "ScalarType fp8_dtype, int granularity, Tensor? scale=None, int margin=0, bool power_2_scale=False, "
+          "float amax_epsilon=0.0, bool want_q=True, bool transpose=False, bool inf_to_nan=False, "
+          "Tensor? rng=None, int rng_skip=0, Tensor? mean=None, Tensor? rstd=None, ScalarType? hp_dtype=None) "
+          "-> (Tensor q, Tensor qt, Tensor scale_inv, Tensor amax, Tensor mean, Tensor rstd, Tensor hp)");
+    m.def("norm_delayed_cast(Tensor x, Tensor? gamma, Tensor? beta, int kind, float eps, bool zero_centered_gamma, "
+          "Tensor(a!) amax_history, Tensor(b!) scale, Tensor(c!) steps, int role, int history_len, "
+          "ScalarType fp8_dtype, int margin=0, bool power_2_scale=False, str amax_compute_algo='max', "
+          "int interval=1, bool record=True, bool transpose=False, bool inf_to_nan=False, Tensor? fresh_amax=None, "
+          "Tensor? rng=None, int rng_skip=0, Tensor? mean=None, Tensor? rstd=None, ScalarType? hp_dtype=None) "
+          "-> (Tensor q, Tensor qt, Tensor scales, Tensor amax, Tensor mean, Tensor rstd, Tensor hp)");
+    m.def("act_cast(Tensor h, int act, ScalarType fp8_dtype, int granularity, Tensor? scale=None, int margin=0, "
+          "bool power_2_scale=False, float amax_epsilon=0.0, bool want_q=True, bool transpose=False, "
+          "bool inf_to_nan=False, Tensor? rng=None, int rng_skip=0, ScalarType? hp_dtype=None) "
+          "-> (Tensor q, Tensor qt, Tensor scale_inv, Tensor amax, Tensor hp)");
+    m.def("act_delayed_cast(Tensor h, int act, Tensor(a!) amax_history, Tensor(b!) scale, Tensor(c!) steps, "
+          "int role, int history_len, ScalarType fp8_dtype, int margin=0, bool power_2_scale=False, "
+          "str amax_compute_algo='max', int interval=1, bool record=True, bool transpose=False, "
+          "bool inf_to_nan=False, Tensor? fresh_amax=None, Tensor? rng=None, int rng_skip=0, "
+          "ScalarType? hp_dtype=None) -> (Tensor q, Tensor qt, Tensor scales, Tensor amax, Tensor hp)");
     m.def("cpu_isa() -> str", &cpu_isa);
     m.def("set_max_isa(str name) -> ()", &set_max_isa);
 }
@@ -1059,6 +1325,10 @@ TORCH_LIBRARY_IMPL(fp8mix, CPU, m)
     m.impl("delayed_record", &delayed_record_cpu);
     m.impl("delayed_flush", &delayed_flush_cpu);
     m.impl("grad_cast", &grad_cast_cpu);
+    m.impl("norm_cast", &norm_cast_cpu);
+    m.impl("norm_delayed_cast", &norm_delayed_cast_cpu);
+    m.impl("act_cast", &act_cast_cpu);
+    m.impl("act_delayed_cast", &act_delayed_cast_cpu);
 }
 
 #ifdef FP8MIX_WITH_CUDA

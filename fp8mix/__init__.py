@@ -15,7 +15,21 @@ from .formats import Format, Granularity, fp8_dtype, fp8_max
 from .gemm import scaled_mm
 from .grad_scaler import FP8GradScaler
 from .monitor import Monitor
-from .nn import Linear, checkpoint, convert_model, load_fp8_state, strip_fp8_state, unconvert_model
+from .nn import (
+    FP8GlobalState,
+    LayerNorm,
+    LayerNormLinear,
+    LayerNormMLP,
+    Linear,
+    RMSNorm,
+    TransformerLayer,
+    checkpoint,
+    convert_model,
+    convert_module_to_fp8,
+    load_fp8_state,
+    strip_fp8_state,
+    unconvert_model,
+)
 from .ops import cpu_isa, set_max_isa
 from .quantize import amax, cast_transpose, dequantize, quantize
 from .tensor import Float8Tensor
@@ -25,4 +39,6 @@ __all__ = [
     "unconvert_model", "strip_fp8_state", "load_fp8_state", "checkpoint", "fp8_autocast", "autocast",
     "is_fp8_enabled", "nn", "optim", "recipe", "quantize", "dequantize", "amax", "cast_transpose", "scaled_mm",
     "fp8_dtype", "fp8_max", "cpu_isa", "set_max_isa", "__version__",
+    "LayerNorm", "RMSNorm", "LayerNormLinear", "LayerNormMLP", "TransformerLayer", "convert_module_to_fp8",
+    "FP8GlobalState",
 ]

@@ -21,7 +21,8 @@ _ops = torch.ops.fp8mix
 
 __all__ = ["cast", "quantize_current", "amax", "compute_scale", "dequantize", "scaled_mm", "quant_stats",
            "delayed_cast", "delayed_record", "delayed_rescale", "delayed_flush", "grad_cast", "DelayedSpec",
-           "MmScale", "cpu_isa", "set_max_isa", "scale_shape", "has_kernels"]
+           "MmScale", "cpu_isa", "set_max_isa", "scale_shape", "has_kernels", "NormKind", "Act", "norm_cast",
+           "norm_delayed_cast", "act_cast", "act_delayed_cast"]
 
 
 class MmScale(enum.IntEnum):
@@ -190,6 +191,84 @@ def grad_cast(dy: torch.Tensor, fp8_dtype: torch.dtype, *, plan: Optional[torch.
                           colsum, inf_to_nan, rng, rng_skip)
 
 
+# ---- fused producer casts: a norm / an activation written as FP8 (csrc/core/norm.c, act.c) ----
+
+class NormKind(enum.IntEnum):
+    """fp8mix_norm_kind."""
+
+    LAYER = 0  # LayerNorm
+    RMS = 1    # RMSNorm
+
+
+class Act(enum.IntEnum):
+    """fp8mix_act_kind: Transformer Engine's activations (gelu is the tanh form); the gated
+    ones read a row as two halves a | b and give act(a) * b."""
+
+    GELU = 0
+    RELU = 1
+    SILU = 2
+    QGELU = 3
+    SRELU = 4
+    GEGLU = 5
+    SWIGLU = 6
+    REGLU = 7
+    QGEGLU = 8
+    SREGLU = 9
+
+    @property
+    def gated(self) -> bool:
+        return self >= Act.GEGLU
+
+
+def norm_cast(x: torch.Tensor, gamma: Optional[torch.Tensor], beta: Optional[torch.Tensor], *, kind: NormKind,
+              eps: float, zero_centered_gamma: bool, fp8_dtype: torch.dtype, granularity=Granularity.TENSOR,
+              scale: Optional[torch.Tensor] = None, margin: int = 0, power_2_scale: bool = False,
+              amax_epsilon: float = 0.0, want_q: bool = True, transpose: bool = False, inf_to_nan: bool = False,
+              rng: Optional[torch.Tensor] = None, rng_skip: int = 0, mean: Optional[torch.Tensor] = None,
+              rstd: Optional[torch.Tensor] = None, hp_dtype: Optional[torch.dtype] = None):
+    """LayerNorm / RMSNorm of x written as FP8 in one pass: (q, qt, scale_inv, amax, mean, rstd, hp).
+    scale None is current scaling at `granularity`; mean/rstd (float32, one per row) are
+    computed and returned, or given (a second cast of the same x) and returned empty; hp
+    holds the normalized values in hp_dtype when asked for (else empty)."""
+    return _ops.norm_cast(x, gamma, beta, int(kind), float(eps), zero_centered_gamma, fp8_dtype, int(granularity),
+                          scale, margin, power_2_scale, amax_epsilon, want_q, transpose, inf_to_nan, rng, rng_skip,
+                          mean, rstd, hp_dtype)
+
+
+def norm_delayed_cast(x: torch.Tensor, gamma: Optional[torch.Tensor], beta: Optional[torch.Tensor],
+                      history: torch.Tensor, scale: torch.Tensor, steps: torch.Tensor, *, kind: NormKind, eps: float,
+                      zero_centered_gamma: bool, role: int, fp8_dtype: torch.dtype, spec: DelayedSpec, record: bool,
+                      transpose: bool = False, inf_to_nan: bool = False, fresh_amax: Optional[torch.Tensor] = None,
+                      rng: Optional[torch.Tensor] = None, rng_skip: int = 0, mean: Optional[torch.Tensor] = None,
+                      rstd: Optional[torch.Tensor] = None, hp_dtype: Optional[torch.dtype] = None):
+    """norm_cast under delayed scaling (delayed_cast's rules for the normalized values):
+    (q, qt, scales [scale, scale_inv], amax, mean, rstd, hp)."""
+    return _ops.norm_delayed_cast(x, gamma, beta, int(kind), float(eps), zero_centered_gamma, history, scale, steps,
+                                  role, spec.history_len, fp8_dtype, spec.margin, spec.power_2_scale, spec.algo,
+                                  spec.interval, record, transpose, inf_to_nan, fresh_amax, rng, rng_skip, mean, rstd,
+                                  hp_dtype)
+
+
+def act_cast(h: torch.Tensor, *, act: Act, fp8_dtype: torch.dtype, granularity=Granularity.TENSOR,
+             scale: Optional[torch.Tensor] = None, margin: int = 0, power_2_scale: bool = False,
+             amax_epsilon: float = 0.0, want_q: bool = True, transpose: bool = False, inf_to_nan: bool = False,
+             rng: Optional[torch.Tensor] = None, rng_skip: int = 0, hp_dtype: Optional[torch.dtype] = None):
+    """An activation of h written as FP8 in one pass (gated: of the two halves of each row,
+    read in place): (q, qt, scale_inv, amax, hp)."""
+    return _ops.act_cast(h, int(act), fp8_dtype, int(granularity), scale, margin, power_2_scale, amax_epsilon, want_q,
+                         transpose, inf_to_nan, rng, rng_skip, hp_dtype)
+
+
+def act_delayed_cast(h: torch.Tensor, history: torch.Tensor, scale: torch.Tensor, steps: torch.Tensor, *, act: Act,
+                     role: int, fp8_dtype: torch.dtype, spec: DelayedSpec, record: bool, transpose: bool = False,
+                     inf_to_nan: bool = False, fresh_amax: Optional[torch.Tensor] = None,
+                     rng: Optional[torch.Tensor] = None, rng_skip: int = 0, hp_dtype: Optional[torch.dtype] = None):
+    """act_cast under delayed scaling: (q, qt, scales [scale, scale_inv], amax, hp)."""
+    return _ops.act_delayed_cast(h, int(act), history, scale, steps, role, spec.history_len, fp8_dtype, spec.margin,
+                                 spec.power_2_scale, spec.algo, spec.interval, record, transpose, inf_to_nan,
+                                 fresh_amax, rng, rng_skip, hp_dtype)
+
+
 # ---- statistics -------------------------------------------------------------------------
 
 # Length of fp8mix_quant_stats' output (FP8MIX_STATS_N in fp8mix.h); fp8mix.numerics.FIELDS and
@@ -293,6 +372,65 @@ def _grad_cast_fake(dy, fp8_dtype, plan=None, pending=None, slot=None, margin=0,
     qt = dy.new_empty((cols, rows) if transpose else (0,), dtype=fp8_dtype)
     return (dy.new_empty(dy.shape, dtype=fp8_dtype), qt, dy.new_empty((), dtype=torch.float32),
             dy.new_empty((), dtype=torch.float32), dy.new_empty((cols if colsum else 0,), dtype=torch.float32))
+
+
+def _fused_fakes(x, sizes, fp8_dtype, granularity, want_q, transpose, hp_dtype, scales_len=None):
+    """The outputs every fused producer cast has: q, qt, scale_inv (or scales), amax, hp."""
+    rows, cols = _rows_cols(torch.empty(sizes, device="meta"))
+    q = x.new_empty(sizes if want_q else (0,), dtype=fp8_dtype)
+    qt = x.new_empty((cols, rows) if transpose else (0,), dtype=fp8_dtype)
+    shape = scale_shape(torch.empty(sizes, device="meta"), granularity)
+    s = x.new_empty(shape if scales_len is None else (scales_len,), dtype=torch.float32)
+    hp = x.new_empty(sizes if hp_dtype is not None else (0,), dtype=hp_dtype or torch.float32)
+    return q, qt, s, x.new_empty(shape, dtype=torch.float32), hp
+
+
+def _stats_fakes(x, kind, rstd):
+    """mean (LayerNorm) and rstd, one per row; empty when given."""
+    rows = _rows_cols(x)[0]
+    if rstd is not None:
+        return x.new_empty((0,), dtype=torch.float32), x.new_empty((0,), dtype=torch.float32)
+    return x.new_empty((rows if kind == NormKind.LAYER else 0,), dtype=torch.float32), \
+        x.new_empty((rows,), dtype=torch.float32)
+
+
+def _act_sizes(h, act):
+    sizes = list(h.shape) if h.dim() else [1]
+    if act >= Act.GEGLU:
+        sizes[-1] //= 2
+    return sizes
+
+
+@torch.library.register_fake("fp8mix::norm_cast")
+def _norm_cast_fake(x, gamma, beta, kind, eps, zero_centered_gamma, fp8_dtype, granularity, scale=None, margin=0,
+                    power_2_scale=False, amax_epsilon=0.0, want_q=True, transpose=False, inf_to_nan=False, rng=None,
+                    rng_skip=0, mean=None, rstd=None, hp_dtype=None):
+    q, qt, s, am, hp = _fused_fakes(x, list(x.shape), fp8_dtype, granularity, want_q, transpose, hp_dtype)
+    return (q, qt, s, am, *_stats_fakes(x, kind, rstd), hp)
+
+
+@torch.library.register_fake("fp8mix::norm_delayed_cast")
+def _norm_delayed_cast_fake(x, gamma, beta, kind, eps, zero_centered_gamma, amax_history, scale, steps, role,
+                            history_len, fp8_dtype, margin=0, power_2_scale=False, amax_compute_algo="max",
+                            interval=1, record=True, transpose=False, inf_to_nan=False, fresh_amax=None, rng=None,
+                            rng_skip=0, mean=None, rstd=None, hp_dtype=None):
+    q, qt, s, am, hp = _fused_fakes(x, list(x.shape), fp8_dtype, Granularity.TENSOR, True, transpose, hp_dtype,
+                                    scales_len=2)
+    return (q, qt, s, am, *_stats_fakes(x, kind, rstd), hp)
+
+
+@torch.library.register_fake("fp8mix::act_cast")
+def _act_cast_fake(h, act, fp8_dtype, granularity, scale=None, margin=0, power_2_scale=False, amax_epsilon=0.0,
+                   want_q=True, transpose=False, inf_to_nan=False, rng=None, rng_skip=0, hp_dtype=None):
+    return _fused_fakes(h, _act_sizes(h, act), fp8_dtype, granularity, want_q, transpose, hp_dtype)
+
+
+@torch.library.register_fake("fp8mix::act_delayed_cast")
+def _act_delayed_cast_fake(h, act, amax_history, scale, steps, role, history_len, fp8_dtype, margin=0,
+                           power_2_scale=False, amax_compute_algo="max", interval=1, record=True, transpose=False,
+                           inf_to_nan=False, fresh_amax=None, rng=None, rng_skip=0, hp_dtype=None):
+    return _fused_fakes(h, _act_sizes(h, act), fp8_dtype, Granularity.TENSOR, True, transpose, hp_dtype,
+                        scales_len=2)
 
 
 if torch._C._dispatch_has_kernel_for_dispatch_key("fp8mix::cast", "CUDA"):  # CUDA builds only

@@ -677,6 +677,134 @@ fp8mix_status fp8mix_mm_layout_plan(const fp8mix_mm_problem *p, fp8mix_mm_plan *
 /* A static English sentence for a rule (never NULL). */
 const char *fp8mix_mm_rule_string(fp8mix_mm_rule r);
 
+/* ---- fused producer casts: a norm or an activation written as FP8 ---------
+ *
+ * A GEMM's FP8 input made by the op that produces it, in the same pass:
+ * the normalized x of a LayerNorm / RMSNorm, or the activation of an MLP's
+ * first GEMM output.  Each row is produced in short float32 segments that
+ * are cast to FP8 while in cache (the same encoder, SIMD kernels and
+ * stochastic-rounding words as fp8mix_cast on those float32 values), so the
+ * high-precision result is never stored unless asked for (`y`).  Bytes are
+ * identical for every thread count and ISA.
+ *
+ * Passes over the input: one with given scales, block (1x128) or row current
+ * scaling, or delayed scaling once the role has a history; two for
+ * per-tensor or 128x128 current scaling and a delayed role's first use (an
+ * amax pass, then the cast, producing the values again).
+ */
+
+/* Where a fused cast writes; the produced tensor has rows x cols values v. */
+typedef struct fp8mix_fused_out {
+    fp8mix_granularity gran;  /* TENSOR, ROW, BLOCK (1x128) or BLOCK2D         */
+    const float *scale;       /* gran's scale array (finite, > 0), or NULL:
+                                 current scaling by fp8mix_compute_scale with
+                                 margin, pow2 and amax_epsilon below            */
+    int margin, pow2;
+    float amax_epsilon;
+    uint8_t *q;               /* rows x cols FP8 bytes, row stride ld_q; NULL
+                                 together with qt NULL: amax only (no cast)     */
+    int64_t ld_q;
+    uint8_t *qt;              /* optional cols x rows transpose (needs q)        */
+    int64_t ld_qt;
+    float *scale_inv;         /* optional, gran's shape: 1 / the scales used      */
+    float *amax;              /* optional, gran's shape: max |v| per tile, with
+                                 fp8mix_amax's NaN / inf rules                   */
+    void *y;                  /* optional rows x cols copy of v, rounded to yt
+                                 (round to nearest even), row stride ld_y       */
+    fp8mix_dtype yt;
+    int64_t ld_y;
+} fp8mix_fused_out;
+
+typedef enum fp8mix_norm_kind {
+    FP8MIX_NORM_LAYER = 0,  /* v = (x - mean) * rstd * g + b                    */
+    FP8MIX_NORM_RMS = 1     /* v = x * rstd * g + b (b normally absent)         */
+} fp8mix_norm_kind;
+
+typedef struct fp8mix_norm_params {
+    fp8mix_norm_kind kind;
+    float eps;                /* finite, >= 0                                    */
+    int zero_centered_gamma;  /* nonzero: g = 1 + gamma (rounded to float32)     */
+    const void *gamma;        /* cols values of type wt; NULL: gamma = 1 (or 0)  */
+    const void *beta;         /* cols values of type wt; NULL: b = 0             */
+    fp8mix_dtype wt;
+} fp8mix_norm_params;
+
+/* Normalization + cast.  x: rows x cols of type xt, row stride ld_x; the
+ * produced tensor is rows x cols.  Per row, in float64 from the float32
+ * values of x, summed in 8 lanes (element j into lane j mod 8, lanes added
+ * 0+4, 1+5, 2+6, 3+7, then (0+2) + (1+3)):
+ *   LayerNorm: mean = sum(x) / cols; var = sum((x - mean)^2) / cols;
+ *   RMSNorm:   mean = 0;             var = sum(x^2) / cols;
+ *   rstd = 1 / sqrt(var + eps); both rounded to float32 (mean[i], rstd[i]).
+ * Then in float32, each operation rounded (no FMA):
+ *   v = ((x - mean) * rstd) * g + b   (RMSNorm: (x * rstd) * g + b).
+ * mean, rstd: rows floats each, written (stats_given 0; mean may be NULL for
+ * RMSNorm) or read (stats_given nonzero: the statistics of an earlier call
+ * on the same x, e.g. for a second cast at another granularity).  cols == 0
+ * gives mean 0, rstd 1 / sqrt(eps) (inf for eps 0).
+ * Errors: NULL_POINTER, BAD_SHAPE, BAD_ENUM, BAD_ARG (eps, margin, epsilon),
+ * BAD_SCALE, NO_MEMORY; nothing is written on error. */
+fp8mix_status fp8mix_norm_cast(const void *x, fp8mix_dtype xt, int64_t rows, int64_t cols, int64_t ld_x,
+                               const fp8mix_norm_params *np, float *mean, float *rstd, int stats_given,
+                               const fp8mix_fused_out *out, const fp8mix_cast_opts *opts);
+
+/* The delayed-scaling variant (fp8mix_cast_delayed's rules, for v instead of
+ * x): out->gran must be TENSOR and out->scale NULL; the scale is role's (on
+ * its first use, from *fresh_amax if given, else from an amax pass over v);
+ * scales[0] = s, scales[1] = 1 / s; out->amax gets amax(v); with record it
+ * is recorded into the role's history. */
+fp8mix_status fp8mix_norm_cast_delayed(const void *x, fp8mix_dtype xt, int64_t rows, int64_t cols,
+                                       int64_t ld_x, const fp8mix_norm_params *np, float *mean, float *rstd,
+                                       int stats_given, const fp8mix_fused_out *out,
+                                       const fp8mix_delayed_state *st, int64_t role,
+                                       const fp8mix_delayed_recipe *r, const float *fresh_amax, int record,
+                                       const fp8mix_cast_opts *opts, float scales[2]);
+
+/* Activations (Transformer Engine's definitions).  The gated ones read a row
+ * of 2F inputs as two halves a = h[0..F), b = h[F..2F) and produce F values
+ * act(a) * b; the others produce act(h) elementwise. */
+typedef enum fp8mix_act_kind {
+    FP8MIX_ACT_GELU = 0,    /* tanh approximation:
+                               0.5 a (1 + tanh(sqrt(2/pi) (a + 0.044715 a^3))) */
+    FP8MIX_ACT_RELU = 1,    /* max(a, 0), NaN kept                              */
+    FP8MIX_ACT_SILU = 2,    /* a / (1 + exp(-a))                                */
+    FP8MIX_ACT_QGELU = 3,   /* a / (1 + exp(-1.702 a)), "quick gelu"            */
+    FP8MIX_ACT_SRELU = 4,   /* max(a, 0)^2, "squared relu"                      */
+    FP8MIX_ACT_GEGLU = 5,   /* gelu(a) * b                                      */
+    FP8MIX_ACT_SWIGLU = 6,  /* silu(a) * b                                      */
+    FP8MIX_ACT_REGLU = 7,   /* relu(a) * b                                      */
+    FP8MIX_ACT_QGEGLU = 8,  /* qgelu(a) * b                                     */
+    FP8MIX_ACT_SREGLU = 9   /* srelu(a) * b                                     */
+} fp8mix_act_kind;
+
+/* Nonzero for the gated kinds; -1 for an unknown kind. */
+int fp8mix_act_gated(fp8mix_act_kind act);
+
+/* The scalar value of act at (a, b) in float32 (b ignored unless gated),
+ * the oracle of the kernels below.  float32 operations only, in the sigmoid
+ * forms gelu(a) = a / (1 + exp(-2u)) (= 0.5 a (1 + tanh u)), silu(a) =
+ * a / (1 + exp(-a)), qgelu(a) = a / (1 + exp(-1.702 a)), with fp8mix's own
+ * exp (Cody-Waite reduction, degree-6 polynomial; +inf above 88.72, 0 below
+ * -87.34), so the bits do not depend on the C library.  Within a few ulp of
+ * the exact value plus the exponent argument's rounding (relative error
+ * ~2^-23 |argument|); results below ~1e-35 in magnitude may be 0. */
+float fp8mix_act_ref(fp8mix_act_kind act, float a, float b);
+
+/* Activation + cast.  h: rows x cols_in of type ht, row stride ld_h; the
+ * produced tensor is rows x cols with cols = cols_in / 2 for gated kinds
+ * (cols_in must be even: BAD_SHAPE otherwise) and cols_in for the others;
+ * v(i, j) = fp8mix_act_ref(act, a, b) of the float32 inputs.
+ * Errors as fp8mix_norm_cast. */
+fp8mix_status fp8mix_act_cast(const void *h, fp8mix_dtype ht, int64_t rows, int64_t cols_in, int64_t ld_h,
+                              fp8mix_act_kind act, const fp8mix_fused_out *out, const fp8mix_cast_opts *opts);
+
+/* The delayed-scaling variant, as fp8mix_norm_cast_delayed. */
+fp8mix_status fp8mix_act_cast_delayed(const void *h, fp8mix_dtype ht, int64_t rows, int64_t cols_in,
+                                      int64_t ld_h, fp8mix_act_kind act, const fp8mix_fused_out *out,
+                                      const fp8mix_delayed_state *st, int64_t role,
+                                      const fp8mix_delayed_recipe *r, const float *fresh_amax, int record,
+                                      const fp8mix_cast_opts *opts, float scales[2]);
+
 #ifdef __cplusplus
 }
 #endif

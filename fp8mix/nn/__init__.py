@@ -7,12 +7,21 @@ models to and from them, and activation-checkpointing support.
     unconvert_model   back again; strip_fp8_state / load_fp8_state for checkpoints
     checkpoint        torch.utils.checkpoint for fp8mix models (Transformer Engine's spelling)
     FP8StateMixin     the per-module FP8 state every fp8mix module shares
+    LayerNorm, RMSNorm, LayerNormLinear, LayerNormMLP, TransformerLayer
+                      Transformer Engine's module family (fused norm / activation FP8 casts)
+    convert_module_to_fp8, FP8GlobalState   the seed text's aliases (te_compat)
 """
 from .recompute import checkpoint
 from .conv1d import Conv1D
 from .convert import convert_model, load_fp8_state, strip_fp8_state, unconvert_model
 from .fp8_state import FP8StateMixin
+from .layernorm_linear import LayerNormLinear
+from .layernorm_mlp import LayerNormMLP
 from .linear import Linear
+from .norms import LayerNorm, RMSNorm
+from .te_compat import FP8GlobalState, convert_module_to_fp8
+from .transformer import TransformerLayer
 
 __all__ = ["Linear", "Conv1D", "convert_model", "unconvert_model", "strip_fp8_state", "load_fp8_state",
-           "checkpoint", "FP8StateMixin"]
+           "checkpoint", "FP8StateMixin", "LayerNorm", "RMSNorm", "LayerNormLinear", "LayerNormMLP", "TransformerLayer",
+           "convert_module_to_fp8", "FP8GlobalState"]
