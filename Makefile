@@ -41,7 +41,7 @@ isa_flags = $(if $(findstring _avx512bf16,$1),$(ISA_avx512bf16),$(if $(findstrin
 HDRS := csrc/include/fp8mix.h csrc/core/internal.h csrc/core/fp8_rules.h csrc/core/gemm_internal.h \
         csrc/core/stats_kernels.h
 
-.PHONY: core test-c demo test cuda-check cuda-ops-check clean venv
+.PHONY: core test-c demo test cuda-check cuda-ops-check clean venv lint
 core: $(CORE_LIB)
 
 $(BUILD)/%.o: csrc/%.c $(HDRS)
@@ -159,6 +159,11 @@ demo: install
 
 test: install test-c
 	$(VENV)/bin/python -m pytest -q tests
+
+# ruff (pyproject's rules) over the package, examples and benchmarks' shared code; mypy over the package
+lint: venv
+	$(VENV)/bin/ruff check fp8mix examples
+	$(VENV)/bin/mypy fp8mix
 
 clean:
 	rm -rf build *.egg-info fp8mix/_C*.so

@@ -11,7 +11,6 @@ models to and from them, and activation-checkpointing support.
                       Transformer Engine's module family (fused norm / activation FP8 casts)
     convert_module_to_fp8, FP8GlobalState   the seed text's aliases (te_compat)
 """
-from .recompute import checkpoint
 from .conv1d import Conv1D
 from .convert import convert_model, load_fp8_state, strip_fp8_state, unconvert_model
 from .fp8_state import FP8StateMixin
@@ -19,6 +18,7 @@ from .layernorm_linear import LayerNormLinear
 from .layernorm_mlp import LayerNormMLP
 from .linear import Linear
 from .norms import LayerNorm, RMSNorm
+from .recompute import checkpoint
 from .te_compat import FP8GlobalState, convert_module_to_fp8
 from .transformer import TransformerLayer
 
