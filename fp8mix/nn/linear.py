@@ -19,7 +19,7 @@ weight (and, under FSDP2, make ranks disagree on collectives).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, Optional
 
 import torch
 import torch.nn as nn
@@ -50,6 +50,11 @@ class LinearForward:
         record). Ignored outside fp8_autocast."""
         if is_first_microbatch is not None:
             as_bool(f"fp8mix.{type(self).__name__}", "is_first_microbatch", is_first_microbatch)
+        if getattr(self, "return_bias", False):  # TE's return_bias: the bias is returned, not added
+            y = fp8_forward(self, x, self.weight, None, layout="out_in", in_features=self.in_features,
+                            out_features=self.out_features, is_first_microbatch=is_first_microbatch,
+                            hp_forward=lambda t: F.linear(t, self.weight))
+            return y, self.bias  # type: ignore[return-value]
         return fp8_forward(self, x, self.weight, self.bias, layout="out_in", in_features=self.in_features,
                            out_features=self.out_features, is_first_microbatch=is_first_microbatch,
                            hp_forward=self._hp_forward)
@@ -69,11 +74,39 @@ class Linear(FP8StateMixin, LinearForward, nn.Linear):
     the FP8 state buffers, optional when loading). Layers with fewer than
     ``fp8_min_features`` input or output features run in high precision even inside
     fp8_autocast (FP8 costs more than it saves there); a debug log line says so.
+
+    Transformer Engine's keywords are accepted too: ``params_dtype`` (torch's ``dtype``),
+    ``init_method`` (a callable run on the weight, also by ``reset_parameters``; None keeps
+    nn.Linear's initialisation, where TE's default is normal(0, 0.023)), ``return_bias``
+    (forward returns ``(y, bias)`` without adding the bias) and ``get_rng_state_tracker`` /
+    ``name`` (ignored); tensor/sequence parallelism, ``ub_*`` overlap,
+    ``fuse_wgrad_accumulation`` and ``parallel_mode`` raise NotImplementedError.
     """
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None):
-        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+    return_bias = False
+    init_method = None
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None, *,
+                 params_dtype: Optional[torch.dtype] = None, init_method: Optional[Callable] = None,
+                 return_bias: bool = False, **te_kwargs):
+        from .te_compat import params_dtype_of, te_options  # te_compat imports convert, which imports this
+
+        te_options("Linear", te_kwargs)
+        as_bool("fp8mix.Linear", "return_bias", return_bias)
+        if init_method is not None and not callable(init_method):
+            raise TypeError(f"fp8mix.Linear: init_method must be a callable taking the weight, got "
+                            f"{type(init_method).__name__}")
+        object.__setattr__(self, "init_method", init_method)  # nn.Linear.__init__ calls reset_parameters
+        super().__init__(in_features, out_features, bias=bias, device=device,
+                         dtype=params_dtype_of("Linear", params_dtype, dtype))
+        self.return_bias = return_bias
         self._init_fp8_state(self.weight.device)
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        if self.init_method is not None:
+            with torch.no_grad():
+                self.init_method(self.weight)
 
     @classmethod
     def from_linear(cls, lin: nn.Linear) -> "Linear":
