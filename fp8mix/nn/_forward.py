@@ -21,8 +21,8 @@ from ..formats import Format, Granularity, fp8_dtype
 from . import _casts
 from ._casts import Plan, all_reduce_max, cast_input, cast_weight, delayed_spec, python_algo_scale
 from ._function import FP8LinearFunction
-from .recompute import in_recompute, under_saved_tensor_hooks
 from .observe import auto_forward, monitor_forward
+from .recompute import in_recompute, under_saved_tensor_hooks
 
 __all__ = ["fp8_forward", "reduce_group", "hp_out_dtype"]
 
@@ -83,10 +83,13 @@ def _round4(n: int) -> int:
     return -(-n // 4) * 4
 
 
-def _plan_rounding(m, plan: Plan, rows: int, in_f: int, out_f: int, weight_cast: bool, wants_grad: bool) -> None:
+def _plan_rounding(m, plan: Plan, rows: int, in_f: int, out_f: int, weight_cast: bool, wants_grad: bool,
+                   grad_if_training: bool) -> None:
     """Stochastic rounding: the random words of this call's casts, from the layer's stream
     (fp8_rng [key, offset]), reserved by the forward for its backward too. A training
-    forward advances the stream past them; a read-only one reuses the current offset."""
+    forward advances the stream past them; a read-only one leaves it, but its GEMMs after
+    the first start where a training forward's would (after the earlier GEMMs' words), so
+    a read-only forward of a multi-GEMM module computes what a training forward does."""
     r = plan.recipe
     if not r.stochastic():
         return
@@ -101,10 +104,19 @@ def _plan_rounding(m, plan: Plan, rows: int, in_f: int, out_f: int, weight_cast:
             off += _round4(n)
     if not plan.skips:
         return
-    plan.rng = m.fp8_rng.clone()
+    if not plan.record:  # what a training forward of this GEMM would take (its backward's words too)
+        if grad_if_training and not wants_grad and r.rounding_of("grad_output") == "stochastic":
+            off += _round4(rows * out_f) * (2 if block else 1)
+    rng = plan.rng = m.fp8_rng.clone()
     if plan.record:
         with torch.no_grad():
             m.fp8_rng[1:].add_(off)
+        return
+    # read-only: the words this forward's earlier GEMMs took (Python ints, no host sync)
+    before = m.__dict__.get("_fp8_ro_words", 0) if plan.gemm > 0 else 0
+    if before:
+        rng[1:].add_(before)
+    m.__dict__["_fp8_ro_words"] = before + off
 
 
 def _grad_plan(m, plan: Plan, wants_grad: bool) -> None:
@@ -211,7 +223,8 @@ def _make_plan(m, x2, weight, frame, replay, recompute: bool, layout: str, is_fi
         plan.rng, plan.skips = replay.rng, replay.skips
         plan.g_plan, plan.g_slot, plan.grad_fresh = replay.g_plan, replay.g_slot, replay.grad_fresh
     else:
-        _plan_rounding(m, plan, x2.shape[0], x2.shape[1], weight.numel() // x2.shape[1], weight_cast, wants_grad)
+        _plan_rounding(m, plan, x2.shape[0], x2.shape[1], weight.numel() // x2.shape[1], weight_cast, wants_grad,
+                       grad_if_training=x2.requires_grad or weight.requires_grad)
         if recipe.delayed():
             m._ensure_history(recipe.amax_history_len)
             _grad_plan(m, plan, wants_grad)

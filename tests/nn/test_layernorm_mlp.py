@@ -297,17 +297,11 @@ def _steps(m, recipe, mode=None, n=3):
     return out, {k: v.clone() for k, v in m.state_dict().items() if k.startswith("fp8_")}
 
 
-_SR_READ_ONLY = pytest.mark.xfail(strict=True, reason=(
-    "fp8mix.nn._forward._plan_rounding gives a read-only forward (reentrant checkpointing runs the original "
-    "forward under no_grad) the stream's current offset for every GEMM, so fc2's random words there are fc1's; "
-    "a recording forward gives fc2 the words after fc1's. Needs the lead's fix (a per-forward running offset)."))
 CKPT_CASES = [(r, m) for r in ("delayed", "current", "block", "delayed_sr")
               for m in ("non_reentrant", "reentrant", "fp8mix")]
 
 
-@pytest.mark.parametrize("recipe,mode", [pytest.param(r, m, marks=_SR_READ_ONLY) if (r, m) == ("delayed_sr",
-                                                                                              "reentrant")
-                                         else (r, m) for r, m in CKPT_CASES])
+@pytest.mark.parametrize("recipe,mode", CKPT_CASES)
 @pytest.mark.parametrize("activation", ["gelu", "swiglu"])
 def test_activation_checkpointing_is_bit_identical(recipe, mode, activation):
     rec = (lambda: DelayedScaling(amax_history_len=4, rounding="stochastic")) if recipe == "delayed_sr" \
