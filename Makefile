@@ -160,9 +160,9 @@ demo: install
 test: install test-c
 	$(VENV)/bin/python -m pytest -q tests
 
-# ruff (pyproject's rules) over the package, examples and benchmarks' shared code; mypy over the package
+# ruff (pyproject's rules) over the whole tree; mypy over the package
 lint: venv
-	$(VENV)/bin/ruff check fp8mix examples
+	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy fp8mix
 
 clean:

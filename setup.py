@@ -22,8 +22,8 @@ import shutil
 import subprocess
 import sys
 
-from setuptools import setup
 import torch
+from setuptools import setup
 from torch.utils.cpp_extension import BuildExtension, CppExtension
 
 ROOT = os.path.dirname(os.path.abspath(__file__))

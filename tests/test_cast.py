@@ -924,7 +924,8 @@ def test_noncontiguous_inputs(dtype_name):
             b = fp8mix.quantize(xc, Format.E5M2, scale=0.3, rounding="stochastic", seed=3, offset=1)
             assert np.array_equal(u8(a.data), u8(b.data)), f"{what} SR"
             for gran in ("tensor", "block2d"):
-                (q1, t1), (q2, t2) = fp8mix.cast_transpose(x, granularity=gran), fp8mix.cast_transpose(xc, granularity=gran)
+                q1, t1 = fp8mix.cast_transpose(x, granularity=gran)
+                q2, t2 = fp8mix.cast_transpose(xc, granularity=gran)
                 assert np.array_equal(u8(q1.data), u8(q2.data)), f"{what} cast_transpose {gran}"
                 assert np.array_equal(u8(t1.data), u8(t2.data)), f"{what} cast_transpose qt {gran}"
             # dequantize of a non-contiguous FP8 view
@@ -949,8 +950,8 @@ BAD_CASES = [
     ("amax int", lambda: fp8mix.amax(torch.arange(3)), TypeError, ["float32"]),
     ("cast_transpose f64", lambda: fp8mix.cast_transpose(torch.ones(2, 2, dtype=torch.float64)), TypeError,
      ["float64"]),
-    ("ops.cast int", lambda: torch.ops.fp8mix.cast(torch.arange(3), torch.tensor(1.0), torch.float8_e4m3fn, 0), TypeError,
-     ["float32"]),
+    ("ops.cast int", lambda: torch.ops.fp8mix.cast(torch.arange(3), torch.tensor(1.0), torch.float8_e4m3fn, 0),
+     TypeError, ["float32"]),
     ("ops.cast not fp8", lambda: torch.ops.fp8mix.cast(X, torch.tensor(1.0), torch.float16, 0), TypeError, ["float8"]),
     ("scale shape row", lambda: fp8mix.quantize(X, scale=torch.ones(3), granularity="row"), ValueError,
      ["scale", "4"]),

@@ -191,7 +191,7 @@ def runs(tmp_path_factory):
                 if q.poll() is None:
                     q.kill()
             logs.append(p.communicate()[0])
-            pytest.fail(f"distributed workers timed out after {TIMEOUT_S}s:\n" + "\n".join(l[-2000:] for l in logs))
+            pytest.fail(f"distributed workers timed out after {TIMEOUT_S}s:\n" + "\n".join(log[-2000:] for log in logs))
     res = []
     for r in range(WORLD):
         f = out / f"rank{r}.pt"
@@ -266,7 +266,7 @@ def test_ddp_matches_single_process(runs, recipe):
 def test_fsdp2_trains_like_ddp(runs):
     f0, f1 = _get(runs, "fsdp2_delayed")
     d0, _ = _get(runs, "ddp_delayed")
-    assert all(math.isfinite(l) for l in f0["losses"]), f0["losses"]
+    assert all(math.isfinite(v) for v in f0["losses"]), f0["losses"]
     rel = [abs(a - b) / abs(b) for a, b in zip(f0["losses"], d0["losses"])]
     assert max(rel) <= 1e-4, f"FSDP2 losses {f0['losses']}\nDDP losses   {d0['losses']}\nrel {rel}"
     for k, v in f0["fp8"].items():

@@ -18,7 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import fp8mix
-from fp8mix import FP8GradScaler, grad_stats
+from fp8mix import FP8GradScaler
 from fp8mix.recipe import BlockScaling, CurrentScaling, DelayedScaling
 
 INF, NAN = float("inf"), float("nan")
@@ -76,7 +76,8 @@ def _train(recipe_name, fault=None, *, bias=True, fp8_feedback=True):
     rec = {"initial": _full_loss(m)}
     hook_on = [False]
     m[2].weight.register_hook(lambda g: g * NAN if hook_on[0] else g)
-    with FP8GradScaler(fp8_feedback_interval=1, init_scale=2.0 ** 10, growth_interval=50, fp8_feedback=fp8_feedback) as scaler:
+    with FP8GradScaler(fp8_feedback_interval=1, init_scale=2.0 ** 10, growth_interval=50,
+                       fp8_feedback=fp8_feedback) as scaler:
         for t in range(STEPS):
             idx = torch.arange(t * BATCH, (t + 1) * BATCH) % X.shape[0]
             x, y = X[idx], Y[idx]

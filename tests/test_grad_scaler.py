@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import gc
-import math
 import pickle
 
 import pytest
@@ -383,7 +382,8 @@ def test_state_dict_round_trip_and_resume():
         sd = first.state_dict()
     assert sd["fp8_growths"] > 0 and sd["fp8_backoffs"] > 0 and sd["_growth_tracker"] > 0
     sd = pickle.loads(pickle.dumps(sd))
-    with FP8GradScaler(fp8_feedback_interval=1, init_scale=1.0, growth_factor=5.0, growth_interval=99, underflow_threshold=0.5) as resumed:
+    with FP8GradScaler(fp8_feedback_interval=1, init_scale=1.0, growth_factor=5.0, growth_interval=99,
+                       underflow_threshold=0.5) as resumed:
         resumed.load_state_dict(sd)
         assert resumed.state_dict() == sd  # exact, before and after the scale tensor exists
         traj += _feedback_run(resumed, m, opt, 10, 10)

@@ -20,7 +20,6 @@ import subprocess
 import sys
 
 import pytest
-
 from hostile import worker as hw
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hostile", "worker.py")

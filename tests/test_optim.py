@@ -397,7 +397,8 @@ def test_bad_group_option_raises_and_is_not_added():
 
 def test_defaults_are_e4m3_bf16():
     g = AdamW([nn.Parameter(torch.zeros(3))]).param_groups[0]
-    assert (g["exp_avg_dtype"], g["exp_avg_sq_dtype"], g["block_size"], g["master_weights"]) == ("e4m3", "bf16", 128, None)
+    got = (g["exp_avg_dtype"], g["exp_avg_sq_dtype"], g["block_size"], g["master_weights"])
+    assert got == ("e4m3", "bf16", 128, None)
     assert (g["lr"], g["betas"], g["eps"], g["weight_decay"]) == (1e-3, (0.9, 0.999), 1e-8, 1e-2)
 
 

@@ -340,7 +340,8 @@ def test_current_scaling_matches_emulation(variant):
             y = layer(x)
         y.backward(g)
         fx, fw, fg = (role_fmt(recipe.fp8_format, r) for r in range(3))
-        sc = lambda t, f: ref_scale(amax_of(t), f, recipe.margin, recipe.power_2_scale, recipe.amax_epsilon)
+        def sc(t, f):
+            return ref_scale(amax_of(t), f, recipe.margin, recipe.power_2_scale, recipe.amax_epsilon)
         xd = q_dq(x, sc(x, fx), fx)
         wd = q_dq(layer.weight, sc(layer.weight, fw), fw)
         gd = q_dq(g, sc(g, fg), fg)

@@ -13,10 +13,10 @@ from __future__ import annotations
 import math
 import time
 
+import common as C
 import torch
 
 import fp8mix
-import common as C
 
 LOSS_SCALE = 2.0 ** 14
 
@@ -76,7 +76,8 @@ def main(quick: bool) -> C.Section:
 
     fail = "E4M3 grad, scale=1 (ablation)"
     fixes = [v.name for v in vs[2:]]
-    labels = ("E5M2 gradients (scale 1)", "a loss scale (2^14)", "per-tensor scaling", "fp8mix's default (HYBRID delayed)")
+    labels = ("E5M2 gradients (scale 1)", "a loss scale (2^14)", "per-tensor scaling",
+              "fp8mix's default (HYBRID delayed)")
     short = dict(zip(fixes, labels))
     parts, partial_all = [], set()
     for task, rows, res in (("GPT", rows_g, res_g), ("MLP", rows_m, res_m)):
@@ -101,7 +102,9 @@ def main(quick: bool) -> C.Section:
                + " ".join(parts) + " On the MLP every FP8 variant, remedies included, sits some percent above "
                "float32: that is the precision floor of an MSE fit that keeps improving (experiment 2), not "
                "underflow; the ~1 point spread between the scaled remedies there follows their gradient SQNR "
-               "(E5M2 26 dB vs E4M3 32 dB), not their underflow (all ~0%). E5M2 at scale 1 still flushes most small gradients (its subnormals reach "
+               "(E5M2 26 dB vs E4M3 32 dB), not their underflow (all ~0%). E5M2 at scale 1 still flushes most small "
+               "gradients "
+               "(its subnormals reach "
                "2^-16), which is why scaling, not only the format, is the robust fix.")
     body = "\n".join([
         f"GPT: {gpt.desc}. MLP: {mlp.desc}.",

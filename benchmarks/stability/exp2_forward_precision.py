@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import time
 
+import common as C
 import torch
 
 import fp8mix
-import common as C
 
 
 def variants():

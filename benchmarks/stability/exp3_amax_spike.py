@@ -17,10 +17,10 @@ from __future__ import annotations
 import math
 import time
 
+import common as C
 import torch
 
 import fp8mix
-import common as C
 
 SPIKE = 4.0
 P_SPIKE = 0.2
@@ -89,7 +89,8 @@ def variants_b(steps):
         C.FP32,
         C.Variant("delayed max over 1024 (default length)", "recipe", inject=inj,
                   recipe=R.DelayedScaling(fp8_format=H, amax_history_len=1024)),
-        C.Variant("delayed max over 16", "recipe", inject=inj, recipe=R.DelayedScaling(fp8_format=H, amax_history_len=16)),
+        C.Variant("delayed max over 16", "recipe", inject=inj,
+                  recipe=R.DelayedScaling(fp8_format=H, amax_history_len=16)),
         C.Variant("current scaling", "recipe", inject=inj, recipe=R.CurrentScaling(fp8_format=H)),
     ]
 
@@ -120,7 +121,8 @@ def mechanism() -> tuple:
     for k in (1.0, 2.0, 4.0, 8.0):
         y = x * k
         s = fp8mix.numerics.quant_stats(y, fp8mix.quantize(y, C.E4M3, scale=torch.tensor(448.0 / am)))
-        ra.append({"jump": f"{k:g}x", "saturated %": C.pct(s.saturation_frac, 1), "clipped %": C.pct(s.overflow_frac, 1),
+        ra.append({"jump": f"{k:g}x", "saturated %": C.pct(s.saturation_frac, 1),
+                   "clipped %": C.pct(s.overflow_frac, 1),
                    "SQNR dB": f"{s.sqnr_db:.1f}"})
     rb = []
     for j in (0, 4, 8, 10, 12, 14, 16):
@@ -152,7 +154,8 @@ def main(quick: bool) -> C.Section:
 
     def metrics_a(name, runs):
         return {"input saturated %, spike steps": C.pct(C.metric_mean(runs, "input", "saturation_frac", steps=spk), 2),
-                "input saturated %, other steps": C.pct(C.metric_mean(runs, "input", "saturation_frac", steps=quiet), 2),
+                "input saturated %, other steps":
+                    C.pct(C.metric_mean(runs, "input", "saturation_frac", steps=quiet), 2),
                 "input clipped %, spike steps": C.pct(C.metric_mean(runs, "input", "overflow_frac", steps=spk), 2),
                 "input SQNR dB, spike steps": C.fmt_num(C.metric_mean(runs, "input", "sqnr_db", steps=spk), ".1f"),
                 "input SQNR dB, step after": C.fmt_num(C.metric_mean(runs, "input", "sqnr_db", steps=after_spk), ".1f")}
@@ -227,7 +230,8 @@ def main(quick: bool) -> C.Section:
         f"GPT: {gpt.desc}. Runs: {C.runs_text(m)}. Spiked layers: every linear (qkv, proj, fc, fc_out, head); "
         "the spike is undone after the layer, so float32 is unchanged (sanity row). FP8 rows are HYBRID "
         "(E4M3 forward) except BlockScaling (E4M3). Monitor on every step for (a).",
-        "", "Mechanism (N(0,1), 512x64 like one GPT layer input, E4M3): (a) cast with the scale of the data before a jump; (b) a scale too "
+        "", "Mechanism (N(0,1), 512x64 like one GPT layer input, E4M3): (a) cast with the scale of the data "
+        "before a jump; (b) a scale too "
         "small by 2^j:", "", C.md_table(mech_a), C.md_table(mech_b),
         f"(a) {SPIKE:g}x input spikes on a random {P_SPIKE:.0%} of the steps:", "", C.md_table(rows_a),
         f"(b) one transient {TRANSIENT:g}x spike at step {t}:", "", C.md_table(rows_b),

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import time
 
+import common as C
 import torch
 
 import fp8mix
-import common as C
 
 K_MAIN = 1e5
 CHANNEL = 5
@@ -121,7 +121,8 @@ def main(quick: bool) -> C.Section:
                      + ", block vs no outliers "
                      + C.compare(res, f"block 1x128 + outliers K={k:.0e}", "current per-tensor, no outliers")[0]
                      for k in ks)
-    verdict = ((f"**Reproduced (K = {', '.join(f'{k:.0e}' for k in hurt)}){'; block scaling fixes it' if fixed else ''}.** "
+    fix_note = "; block scaling fixes it" if fixed else ""
+    verdict = ((f"**Reproduced (K = {', '.join(f'{k:.0e}' for k in hurt)}){fix_note}.** "
                 if hurt else "**Mechanism reproduced (inliers flushed); the loss effect is within noise at this "
                 "scale.** ")
                + "; ".join(parts) + f". Without outliers the same recipe has {ref['fc_out input underflow %']}% "

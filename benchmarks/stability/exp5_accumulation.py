@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import time
 
+import common as C
 import torch
 
 import fp8mix
-import common as C
 
 M = N = 64
 
@@ -58,7 +58,8 @@ def main(quick: bool) -> C.Section:
             rows.append({"data": data, "K": K, "fp32 accumulate": f"{mean['fp32']:.2e}",
                          "fp22, promote every 128": f"{mean['fp22, promote every 128']:.2e}",
                          "fp22, no promotion (p >= K)": f"{mean['fp22, no promotion']:.2e}",
-                         "no promotion / promoted": f"{mean['fp22, no promotion'] / mean['fp22, promote every 128']:.1f}x"})
+                         "no promotion / promoted":
+                             f"{mean['fp22, no promotion'] / mean['fp22, promote every 128']:.1f}x"})
     # promotion interval at K = 4096
     prow = []
     for positive in (False, True):

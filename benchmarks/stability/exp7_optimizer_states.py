@@ -15,10 +15,10 @@ from __future__ import annotations
 import math
 import time
 
+import common as C
 import torch
 
 import fp8mix.optim as fo
-import common as C
 
 EVERY = 10
 COMBOS = (("fp32", "fp32"), ("e4m3", "fp32"), ("bf16", "bf16"), ("e4m3", "bf16"), ("e4m3", "e4m3"),

@@ -15,8 +15,9 @@ from __future__ import annotations
 import math
 import time
 
-import fp8mix
 import common as C
+
+import fp8mix
 
 HIGH, LOW, GOOD = 2.0 ** 24, 1.0, 2.0 ** 14
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import time
 
-import fp8mix
 import common as C
 from exp4_outliers import K_MAIN, outliers
+
+import fp8mix
 
 FORMATS = ("E4M3", "E5M2", "HYBRID", "AUTO")
 
@@ -69,7 +70,8 @@ def main(quick: bool) -> C.Section:
                                **{f"outliers/{k}": v for k, v in res_o.items()}}, "exp9_metrics.csv")
 
     parts, ok, separated, beats = [], True, False, False
-    for label, rows, res, sfx, ref in (("plain", rows_n, res_n, "", "fp32"), ("outliers", rows_o, res_o, " + outliers", ref_o)):
+    regimes = (("plain", rows_n, res_n, "", "fp32"), ("outliers", rows_o, res_o, " + outliers", ref_o))
+    for label, rows, res, sfx, ref in regimes:
         fixed = {f: C.rel(rows, f + sfx) for f in FORMATS[:3]}
         best = min(fixed, key=fixed.get)
         auto = C.rel(rows, "AUTO" + sfx)
@@ -79,7 +81,8 @@ def main(quick: bool) -> C.Section:
         beats |= cmp[1] < 0
         parts.append(f"{label}: best fixed {best} {fixed[best]:+.2f}%, AUTO {auto:+.2f}% (AUTO minus best: {cmp[0]}; "
                      "others: " + ", ".join(f"{f} {v:+.2f}%" for f, v in fixed.items() if f != best) + ")")
-    verdict = ((f"**AUTO {'matches or beats' if beats else 'matches'} the best fixed choice in both regimes** " if ok else
+    how = "matches or beats" if beats else "matches"
+    verdict = ((f"**AUTO {how} the best fixed choice in both regimes** " if ok else
                 "**AUTO does not match the best fixed choice in every regime** ")
                + "(loss vs float32; not significantly worse than the best fixed choice counts as a match): "
                + "; ".join(parts) + ". "

@@ -42,6 +42,12 @@ START, END = "<!-- exp{} start -->", "<!-- exp{} end -->"
 SUMMARY_START, SUMMARY_END = "<!-- summary start -->", "<!-- summary end -->"
 
 
+_QUICK_NOTE = (". One run per variant: differences up to about ±3 points (GPT) and ±10 points (MLP) are not told "
+               "from run-to-run noise; the full mode (2 seeds x 2 learning rates) tests paired differences against "
+               "two standard errors")
+_FULL_NOTE = (". Differences are called significant when the mean paired difference over the 4 (seed, lr) pairs "
+              "exceeds two standard errors")
+
 def verdicts(body: str) -> str:
     """The bold verdict phrases of a section, joined."""
     return " / ".join(m.strip().rstrip(".:") for m in re.findall(r"\*\*(.+?)\*\*", body)
@@ -80,7 +86,7 @@ CPU-sized models trained on real data, and each remedy measured against it. Gene
 - **Runs.** Every variant of a comparison starts from the same initial weights and sees the same
   batches; AdamW (weight decay 0.01), linear warm-up then cosine decay, gradient clipping at 1.0.
   This run: {'**quick mode**' if quick else '**full mode**'}: GPT {C.runs_text(m)}; MLP
-  {m.mlp_steps} steps{'. One run per variant: differences up to about ±3 points (GPT) and ±10 points (MLP) are not told from run-to-run noise; the full mode (2 seeds x 2 learning rates) tests paired differences against two standard errors' if quick else '. Differences are called significant when the mean paired difference over the 4 (seed, lr) pairs exceeds two standard errors'}.
+  {m.mlp_steps} steps{_QUICK_NOTE if quick else _FULL_NOTE}.
 - **Columns.** *final loss*: mean training loss over the last 10% of steps, averaged over the runs.
   *vs fp32 %*: relative difference of the final loss to the float32 run with the same seed and
   learning rate, `100 (L - L_fp32) / L_fp32` (DeepSeek-V3's metric; they report FP8 within 0.25% of

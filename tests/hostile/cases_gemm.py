@@ -4,7 +4,7 @@ from __future__ import annotations
 import math  # noqa: F401
 
 from .harness import *  # noqa: F401,F403
-from .harness import _f, _R, _t, _views  # noqa: F401
+from .harness import _R, _f, _t, _views  # noqa: F401
 
 # ---- scaled_mm ---------------------------------------------------------------------------------
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math  # noqa: F401
 
 from .harness import *  # noqa: F401,F403
-from .harness import _f, _R, _t, _views  # noqa: F401
+from .harness import _R, _f, _t, _views  # noqa: F401
 
 # ---- quantize ------------------------------------------------------------------------------
 
@@ -188,7 +188,6 @@ def quantize_scale_noncontig():
 
 @case(Valid())
 def quantize_requires_grad():
-    torch = _t()
     x = x_(4, 16).requires_grad_()
     a = _f().quantize(x)
     f8_equal(a, _f().quantize(x.detach()), "requires_grad")

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import math  # noqa: F401
 
-from .harness import *  # noqa: F401,F403
-from .harness import _f, _R, _t, _views  # noqa: F401
 from .cases_nn import _fwd  # noqa: F401
+from .harness import *  # noqa: F401,F403
+from .harness import _R, _f, _t, _views  # noqa: F401
 
 # ---- recipes -------------------------------------------------------------------------------------
 

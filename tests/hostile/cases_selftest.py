@@ -1,10 +1,11 @@
-"""Hostile-input cases: the harness's self-test (tests/test_hostile.py checks that a dying worker is pinned on its case)."""
+"""Hostile-input cases: the harness's self-test (tests/test_hostile.py checks that a dying
+worker is pinned on its case)."""
 from __future__ import annotations
 
 import math  # noqa: F401
 
 from .harness import *  # noqa: F401,F403
-from .harness import _f, _R, _t, _views  # noqa: F401
+from .harness import _R, _f, _t, _views  # noqa: F401
 
 # ---- harness self-test (tests/test_hostile.py checks that a dying worker is pinned on its case) -----
 

@@ -28,10 +28,12 @@ fast and cleanly instead of swapping the machine.
 """
 from __future__ import annotations
 
-import math
 import re
 
-__all__ = ['ALLOC', 'DEVICE', 'HP', 'MetaOrRaises', 'Raises', 'SCALE', 'Valid', '_R', '_devices', '_f', '_short', '_t', '_views', 'add', 'case', 'f8_equal', 'mm', 'x_']
+__all__ = [
+    'ALLOC', 'DEVICE', 'HP', 'MetaOrRaises', 'Raises', 'SCALE', 'Valid', '_R', '_devices', '_f', '_short', '_t',
+    '_views', 'add', 'case', 'f8_equal', 'mm', 'x_',
+]
 
 # ---- expectations ------------------------------------------------------------------
 

@@ -8,10 +8,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from hostile import (cases_gemm, cases_nn, cases_quantize, cases_recipe, cases_selftest,  # noqa: E402,F401
-                     cases_stats, cases_tensor)
+from hostile import cases_gemm, cases_nn, cases_quantize, cases_recipe, cases_selftest, cases_stats, cases_tensor  # noqa: E402,F401
 from hostile.harness import CASES, Valid  # noqa: E402
-
 
 
 def _reset():

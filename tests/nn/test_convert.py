@@ -185,8 +185,8 @@ class Block(nn.Module):
 
     def forward(self, x):
         x = self.proj(x)
-        for l in self.layers:
-            x = torch.relu(l(x))
+        for layer in self.layers:
+            x = torch.relu(layer(x))
         return x, self.gate(x)
 
 

@@ -169,7 +169,7 @@ SHAPES = [
 
 
 @pytest.mark.parametrize("recipe", RECIPE_IDS)
-@pytest.mark.parametrize("lead,K,N", SHAPES, ids=[f"{'x'.join(map(str, l))}x{k}->{n}" for l, k, n in SHAPES])
+@pytest.mark.parametrize("lead,K,N", SHAPES, ids=[f"{'x'.join(map(str, ld))}x{k}->{n}" for ld, k, n in SHAPES])
 def test_accuracy_vs_float32(recipe, lead, K, N):
     ref, lin = make_pair(K, N, seed=K * N)
     torch.manual_seed(7)
@@ -534,7 +534,7 @@ def test_resume_from_checkpoint_is_bit_identical(opt_name):
     opt2.load_state_dict(ck["opt"])
     rest = _train_steps(model2, opt2, total - k, rec, start=k)
     resumed = first + rest
-    assert [l.item() for l in resumed] == [l.item() for l in full]
+    assert [v.item() for v in resumed] == [v.item() for v in full]
     assert all(torch.equal(a, b) for a, b in zip(resumed, full))
 
 
