@@ -60,6 +60,7 @@ import argparse  # noqa: E402
 import contextlib  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
+from typing import Optional  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
@@ -190,18 +191,32 @@ def step_peak(step) -> float | None:
     return hwm - base if hwm is not None else None
 
 
-def interleaved(cases: dict, warmup: int, iters: int) -> dict:
-    """Median step seconds per case, all cases stepped round-robin."""
+def interleaved(cases: dict, warmup: int, iters: int, refused: Optional[dict] = None) -> dict:
+    """Median step seconds per case, all cases stepped round-robin.  With `refused`, a
+    torchao case whose step raises RuntimeError (aten._scaled_mm on CPU goes through oneDNN,
+    which refuses some problems, not always the same) is dropped and its message kept there."""
+
+    def run(v, c):
+        try:
+            c.step()
+            return True
+        except RuntimeError as exc:
+            if refused is None or not v.startswith("torchao"):
+                raise
+            refused[v] = str(exc).splitlines()[0][:90]
+            del cases[v]
+            return False
+
     for _ in range(warmup):
-        for c in cases.values():
-            c.step()
-    times = {v: [] for v in cases}
+        for v, c in list(cases.items()):
+            run(v, c)
+    times: dict = {v: [] for v in cases}
     for _ in range(iters):
-        for v, c in cases.items():
+        for v, c in list(cases.items()):
             t0 = time.perf_counter()
-            c.step()
-            times[v].append(time.perf_counter() - t0)
-    return {v: statistics.median(t) for v, t in times.items()}
+            if run(v, c):
+                times[v].append(time.perf_counter() - t0)
+    return {v: statistics.median(times[v]) for v in cases}
 
 
 def step_targets(isa: str, S: int) -> float:
@@ -221,14 +236,23 @@ def layer_table(sizes, variants, warmup, iters, isa, fails, tao_budget):
         est = torchao_estimate(3 * 2.0 * S**3) if any(v.startswith("torchao") for v in variants) else 0.0
         run = [v for v in variants if not (v.startswith("torchao") and est > tao_budget)]
         cases = {v: Case(v, S) for v in run}
-        med = interleaved(cases, warmup, iters)
+        refused: dict = {}
+        med = interleaved(cases, warmup, iters, refused)
         rows = {}
         for v, c in cases.items():
             c.zero_grad()  # the previous step's gradients are not part of this step's peak
-            rows[v] = (med[v], step_peak(c.step), (c.saved_bytes(256) - c.saved_bytes(128)) / 128 * S)
+            try:
+                rows[v] = (med[v], step_peak(c.step), (c.saved_bytes(256) - c.saved_bytes(128)) / 128 * S)
+            except RuntimeError as exc:  # torchao through oneDNN, as in interleaved
+                if not v.startswith("torchao"):
+                    raise
+                refused[v] = str(exc).splitlines()[0][:90]
         t32, p32, a32 = rows["nn f32"]
         tao = rows["torchao tensorwise"][0] if "torchao tensorwise" in rows else (est if est > tao_budget else None)
         for v in variants:
+            if v in refused:
+                print(f"| {S} | {v} | | | | | | | | not run: torch refused it ({refused[v]}) |")
+                continue
             if v not in rows:
                 print(f"| {S} | {v} | >= {est * 1e3:.0f} (est.) | >= {est / t32:.0f} | | | | | | not run: "
                       f"aten._scaled_mm runs at {scaled_mm_rate() / 1e9:.3f} GFLOP/s here |")
