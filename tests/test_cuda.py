@@ -15,6 +15,7 @@ or without a CUDA build of fp8mix.
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
@@ -24,10 +25,15 @@ from fp8mix import ops  # noqa: F401  (loads the native library)
 from fp8mix.cuda import _capi, fallback, selfcheck
 from fp8mix.cuda.compare import Case, gemm_bound, verify
 
+# FP8MIX_CUDA_TESTS_ON=cpu: a dry run of this file's own code with the CPU standing in for
+# the device (both halves on the CPU; GPU-only tests skip). Otherwise the device is CUDA.
+DEV = os.environ.get("FP8MIX_CUDA_TESTS_ON", "cuda")
+ON_GPU = DEV == "cuda"
 _HAS_CUDA_KERNELS = torch.cuda.is_available() and torch._C._dispatch_has_kernel_for_dispatch_key(
     "fp8mix::cast", "CUDA")
-if not _HAS_CUDA_KERNELS:  # one skip for the module, not one per parametrized case
+if ON_GPU and not _HAS_CUDA_KERNELS:  # one skip for the module, not one per parametrized case
     pytest.skip("needs an NVIDIA GPU and fp8mix built with CUDA (FP8MIX_FORCE_CUDA=1)", allow_module_level=True)
+gpu_only = pytest.mark.skipif(not ON_GPU, reason="a CUDA device itself (dry run on the CPU)")
 
 E4, E5 = torch.float8_e4m3fn, torch.float8_e5m2
 _ops = torch.ops.fp8mix  # raw ops, positional: the schemas only gain trailing defaulted arguments
@@ -86,7 +92,7 @@ def _gemm_case(name, got, a, b, sa, sb, kind, bias, want) -> None:
 def test_smoke_cast():
     x = _x((64, 256), torch.bfloat16)
     s = torch.tensor(2.0)
-    c, g = _ops.cast(x, s, E4, 0), _ops.cast(x.cuda(), s.cuda(), E4, 0)
+    c, g = _ops.cast(x, s, E4, 0), _ops.cast(x.to(DEV), s.to(DEV), E4, 0)
     assert torch.equal(_bytes(g[0]), _bytes(c[0])) and torch.equal(_bits(g[2]), _bits(c[2]))
 
 
@@ -94,13 +100,13 @@ def test_smoke_gemm():
     a, b = _fp8((128, 256), E4, 1), _fp8((64, 256), E4, 2).t()
     s = torch.tensor(0.5)
     c = _ops.scaled_mm(a, b, s, s, None, torch.float32, "fp32", 128)
-    g = _ops.scaled_mm(a.cuda(), b.cuda(), s.cuda(), s.cuda(), None, torch.float32, "fp32", 128)
+    g = _ops.scaled_mm(a.to(DEV), b.to(DEV), s.to(DEV), s.to(DEV), None, torch.float32, "fp32", 128)
     _gemm_case("smoke scaled_mm", g, a, b, s, s, "tensor", None, c)
 
 
 def test_smoke_linear_step():
-    lin = fp8mix.Linear(256, 128).cuda()
-    x = torch.randn(64, 256, device="cuda", requires_grad=True)
+    lin = fp8mix.Linear(256, 128).to(DEV)
+    x = torch.randn(64, 256, device=DEV, requires_grad=True)
     with fp8mix.fp8_autocast(enabled=True, fp8_recipe=fp8mix.recipe.DelayedScaling()):
         y = lin(x)
     y.sum().backward()
@@ -108,6 +114,7 @@ def test_smoke_linear_step():
     assert torch.isfinite(x.grad).all() and _sqnr_db(y.detach(), ref) > 20
 
 
+@gpu_only
 def test_smoke_selfcheck():
     if not selfcheck.selfcheck_enabled():
         pytest.skip("FP8MIX_CUDA_SELFCHECK=0")
@@ -118,6 +125,9 @@ def test_smoke_selfcheck():
 @pytest.fixture(params=[True, False], ids=["hwcvt", "intenc"])
 def hw_convert(request):
     """Both encoder paths (the sm_89 cvt instruction and the integer port) must give the CPU bytes."""
+    if not ON_GPU:
+        yield request.param
+        return
     old = torch.ops.fp8mix.cuda_get_hw_convert()
     torch.ops.fp8mix.cuda_set_hw_convert(request.param)
     yield request.param
@@ -136,7 +146,7 @@ def test_cast_bytes_match_cpu(shape, dtype, gran, fmt, saturate, stochastic, tra
     s = _scales(x, gran)
     args = (fmt, gran, saturate, stochastic, 12345678901, 4 * 7, True, transpose)
     q0, qt0, a0 = _ops.cast(x, s, *args)
-    q1, qt1, a1 = _ops.cast(x.cuda(), s.cuda(), *args)
+    q1, qt1, a1 = _ops.cast(x.to(DEV), s.to(DEV), *args)
     assert torch.equal(_bytes(q1), _bytes(q0))
     if transpose:
         assert torch.equal(_bytes(qt1), _bytes(qt0))
@@ -150,7 +160,7 @@ def test_cast_qt_only_and_strided_input(dtype):
     s = torch.tensor(0.75)
     for want_q in (True, False):
         c = _ops.cast(x, s, E4, 0, True, False, 0, 0, want_q, True)
-        g = _ops.cast(x.cuda(), s.cuda(), E4, 0, True, False, 0, 0, want_q, True)
+        g = _ops.cast(x.to(DEV), s.to(DEV), E4, 0, True, False, 0, 0, want_q, True)
         assert torch.equal(_bytes(g[1]), _bytes(c[1]))
         if want_q:
             assert torch.equal(_bytes(g[0]), _bytes(c[0]))
@@ -161,7 +171,7 @@ def test_stochastic_offset_not_multiple_of_4_and_big_seed():
     for off in (0, 1, 2, 3, 2**40 + 1):
         for seed in (0, 2**63 - 1, -5):
             c = _ops.cast(x, torch.tensor(3.0), E5, 0, True, True, seed, off)
-            g = _ops.cast(x.cuda(), torch.tensor(3.0).cuda(), E5, 0, True, True, seed, off)
+            g = _ops.cast(x.to(DEV), torch.tensor(3.0).to(DEV), E5, 0, True, True, seed, off)
             assert torch.equal(_bytes(g[0]), _bytes(c[0])), (off, seed)
 
 
@@ -175,7 +185,7 @@ def test_every_float16_and_bfloat16_pattern():
                 for sc in (1.0, 0.0078125, 300.0):
                     s = torch.tensor(sc)
                     c = _ops.cast(x, s, fmt, 0, sat, False, 0, 0)
-                    g = _ops.cast(x.cuda(), s.cuda(), fmt, 0, sat, False, 0, 0)
+                    g = _ops.cast(x.to(DEV), s.to(DEV), fmt, 0, sat, False, 0, 0)
                     assert torch.equal(_bytes(g[0]), _bytes(c[0])), (dt, fmt, sat, sc)
                     assert torch.equal(_bits(g[2]), _bits(c[2]))
 
@@ -194,10 +204,11 @@ def test_float32_edge_patterns():
         for sat in (True, False):
             for sr in (False, True):
                 c = _ops.cast(x, torch.tensor(1.0), fmt, 0, sat, sr, 99, 0)
-                g = _ops.cast(x.cuda(), torch.tensor(1.0).cuda(), fmt, 0, sat, sr, 99, 0)
+                g = _ops.cast(x.to(DEV), torch.tensor(1.0).to(DEV), fmt, 0, sat, sr, 99, 0)
                 assert torch.equal(_bytes(g[0]), _bytes(c[0])), (fmt, sat, sr)
 
 
+@gpu_only
 @pytest.mark.parametrize("fmt", [E4, E5], ids=["e4m3", "e5m2"])
 @pytest.mark.parametrize("saturate", [True, False], ids=["sat", "nonsat"])
 @pytest.mark.parametrize("stochastic", [False, True], ids=["rn", "sr"])
@@ -212,7 +223,7 @@ def test_inf_to_nan_matches_cpu(fmt, saturate, stochastic, dtype, hw_convert):
         s = torch.tensor(sc)
         kw = dict(saturate=saturate, stochastic=stochastic, seed=5, offset=9, inf_to_nan=True)
         c = _capi.cast_raw(x, s, fmt, **kw)
-        g = _capi.cast_raw(x.cuda(), s.cuda(), fmt, **kw)
+        g = _capi.cast_raw(x.to(DEV), s.to(DEV), fmt, **kw)
         assert torch.equal(_bytes(g), _bytes(c)), sc
         nan = 0x7F if fmt == E4 else 0x7E
         assert int(_bytes(c).view(-1)[0]) == nan and int(_bytes(c).view(-1)[1]) == nan | 0x80
@@ -226,10 +237,10 @@ def test_empty_tensors_as_on_cpu(shape, transpose):
     for gran in GRANS:
         s = _scales(x, gran)
         c = _ops.cast(x, s, E4, gran, True, False, 0, 0, True, transpose)
-        g = _ops.cast(x.cuda(), s.cuda(), E4, gran, True, False, 0, 0, True, transpose)
+        g = _ops.cast(x.to(DEV), s.to(DEV), E4, gran, True, False, 0, 0, True, transpose)
         assert g[0].shape == c[0].shape and g[1].shape == c[1].shape and torch.equal(_bits(g[2]), _bits(c[2]))
         cq = _ops.quantize_current(x, E5, gran, 0, False, 0.0, True, False, 0, 0, True, transpose)
-        gq = _ops.quantize_current(x.cuda(), E5, gran, 0, False, 0.0, True, False, 0, 0, True, transpose)
+        gq = _ops.quantize_current(x.to(DEV), E5, gran, 0, False, 0.0, True, False, 0, 0, True, transpose)
         assert [t.shape for t in gq] == [t.shape for t in cq]
         assert torch.equal(_bits(gq[2]), _bits(cq[2])) and torch.equal(_bits(gq[3]), _bits(cq[3]))  # 1 and 0
 
@@ -243,11 +254,11 @@ def test_quant_stats_on_cuda_matches_cpu(gran, fmt, saturate):
         x = _x(shape, dtype, seed=gran)
         q, _, sinv, _ = _ops.quantize_current(x, fmt, gran, 0, False, 0.0, saturate, False, 0, 0, True, False)
         c = torch.ops.fp8mix.quant_stats(x, q, sinv, gran)
-        g = torch.ops.fp8mix.quant_stats(x.cuda(), q.cuda(), sinv.cuda(), gran)
-        assert g.device.type == "cuda" and g.dtype == torch.float64
+        g = torch.ops.fp8mix.quant_stats(x.to(DEV), q.to(DEV), sinv.to(DEV), gran)
+        assert g.device.type == torch.device(DEV).type and g.dtype == torch.float64
         verify([Case(f"quant_stats {dtype} {shape}", g.cpu(), c, "stats")])
-    empty = torch.ops.fp8mix.quant_stats(torch.empty(0, 8, device="cuda"), torch.empty(0, 8, device="cuda").to(E4),
-                                         torch.ones((), device="cuda"), 0).cpu()
+    empty = torch.ops.fp8mix.quant_stats(torch.empty(0, 8, device=DEV), torch.empty(0, 8, device=DEV).to(E4),
+                                         torch.ones((), device=DEV), 0).cpu()
     assert empty[:9].eq(0).all() and math.isinf(float(empty[9]))
 
 
@@ -257,7 +268,7 @@ def test_quant_stats_on_cuda_matches_cpu(gran, fmt, saturate):
 def test_amax_matches_cpu(shape, dtype, gran):
     x = _x(shape, dtype, seed=3)
     a0 = _ops.amax(x, gran)
-    a1 = _ops.amax(x.cuda(), gran)
+    a1 = _ops.amax(x.to(DEV), gran)
     assert a1.shape == a0.shape
     assert torch.equal(_bits(a1), _bits(a0))
 
@@ -267,9 +278,9 @@ def test_amax_nan_rules():
     x[7, 3] = float("nan")
     x[200, 250] = -float("inf")
     for g in GRANS:
-        assert torch.equal(_bits(_ops.amax(x.cuda(), g)), _bits(_ops.amax(x, g)))
+        assert torch.equal(_bits(_ops.amax(x.to(DEV), g)), _bits(_ops.amax(x, g)))
     y = -torch.tensor([float("nan")] * 16).view(1, 16)  # negative NaN -> canonical 0x7FC00000
-    assert _ops.amax(y.cuda(), 0).view(torch.int32).item() == 0x7FC00000
+    assert _ops.amax(y.to(DEV), 0).view(torch.int32).item() == 0x7FC00000
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
@@ -284,7 +295,7 @@ def test_quantize_current_matches_cpu(shape, dtype, gran, fmt, transpose, mode, 
     sr = mode == "sr"
     args = (fmt, gran, margin, pow2, eps, True, sr, 777, 8, True, transpose)
     c = _ops.quantize_current(x, *args)
-    g = _ops.quantize_current(x.cuda(), *args)
+    g = _ops.quantize_current(x.to(DEV), *args)
     assert torch.equal(_bytes(g[0]), _bytes(c[0]))
     if transpose:
         assert torch.equal(_bytes(g[1]), _bytes(c[1]))
@@ -301,7 +312,7 @@ def test_compute_scale_matches_cpu(fmt, margin, pow2):
                       1.17549435e-38, 7.0, 1e-3] * 2)
     for eps in (0.0, 1e-4):
         c = _ops.compute_scale(a, fmt, margin, pow2, eps)
-        g = _ops.compute_scale(a.cuda(), fmt, margin, pow2, eps)
+        g = _ops.compute_scale(a.to(DEV), fmt, margin, pow2, eps)
         assert torch.equal(_bits(g[0]), _bits(c[0])) and torch.equal(_bits(g[1]), _bits(c[1]))
 
 
@@ -315,24 +326,25 @@ def test_dequantize_matches_cpu(shape, out, gran, fmt):
     x = _x(shape, torch.float32)
     s = _scales(x, gran, seed=4)
     c = _ops.dequantize(q, s, gran, out)
-    g = _ops.dequantize(q.cuda(), s.cuda(), gran, out)
+    g = _ops.dequantize(q.to(DEV), s.to(DEV), gran, out)
     assert torch.equal(_bits(g), _bits(c))
 
 
+@gpu_only
 def test_invalid_scale_flag():
     old = torch.ops.fp8mix.cuda_get_check_scales()
     torch.ops.fp8mix.cuda_set_check_scales(True)  # FP8MIX_CUDA_CHECK_SCALES=1 is read once, at first use
     try:
-        x = torch.randn(32, 32, device="cuda")
+        x = torch.randn(32, 32, device=DEV)
         with pytest.raises(ValueError, match="finite and > 0"):
-            _ops.cast(x, torch.tensor(float("nan"), device="cuda"), E4, 0)
+            _ops.cast(x, torch.tensor(float("nan"), device=DEV), E4, 0)
         with pytest.raises(ValueError, match="finite and > 0"):
-            _ops.dequantize(torch.zeros(4, 16, dtype=torch.uint8, device="cuda").view(E4),
-                           torch.tensor(-1.0, device="cuda"), 0, torch.float32)
+            _ops.dequantize(torch.zeros(4, 16, dtype=torch.uint8, device=DEV).view(E4),
+                           torch.tensor(-1.0, device=DEV), 0, torch.float32)
         q, _, si, _ = _ops.quantize_current(x, E4, 0, 0, False, 0.0, True, False, 0, 0, True, False)
         with pytest.raises(ValueError, match="finite and > 0"):
-            torch.ops.fp8mix.quant_stats(x, q, torch.tensor(0.0, device="cuda"), 0)
-        _ops.cast(x, torch.tensor(2.0, device="cuda"), E4, 0)  # valid: no error
+            torch.ops.fp8mix.quant_stats(x, q, torch.tensor(0.0, device=DEV), 0)
+        _ops.cast(x, torch.tensor(2.0, device=DEV), E4, 0)  # valid: no error
     finally:
         torch.ops.fp8mix.cuda_set_check_scales(old)
 
@@ -351,21 +363,22 @@ def _rederive(h, am, scale, steps, fmax, margin, pow2, algo, interval):
     return h, (s[0] if ok else scale), steps
 
 
+@gpu_only  # a CUDA-only op: the CPU has no delayed_scale_update
 @pytest.mark.parametrize("algo", ["max", "most_recent"])
 @pytest.mark.parametrize("interval", [1, 3])
 @pytest.mark.parametrize("pow2", [False, True])
 def test_delayed_update_kernel_matches_rederivation(algo, interval, pow2):
     torch.manual_seed(0)
     lens = [1, 2, 16, 255, 256, 257, 1024, 3000] * 20  # 160 tensors: two launches
-    hist = torch.zeros(3000, len(lens), device="cuda")
+    hist = torch.zeros(3000, len(lens), device=DEV)
     for i, L in enumerate(lens):
-        hist[:L, i] = torch.rand(L, device="cuda") * 10 ** torch.randint(-6, 6, (1,)).item()
+        hist[:L, i] = torch.rand(L, device=DEV) * 10 ** torch.randint(-6, 6, (1,)).item()
     specials = [0.0, float("nan"), float("inf"), 1e-40, 3e38]
-    amax = torch.rand(len(lens), device="cuda") * 100
+    amax = torch.rand(len(lens), device=DEV) * 100
     amax[:len(specials)] = torch.tensor(specials)
-    scale = torch.rand(len(lens), device="cuda") + 0.5
+    scale = torch.rand(len(lens), device=DEV) + 0.5
     sinv = torch.empty_like(scale)
-    steps = torch.randint(0, 5, (len(lens),), device="cuda")
+    steps = torch.randint(0, 5, (len(lens),), device=DEV)
     fmax = [448.0 if i % 2 else 57344.0 for i in range(len(lens))]
     ref = [(hist[:L, i].clone().cpu(), amax[i].cpu(), scale[i].cpu(), int(steps[i])) for i, L in enumerate(lens)]
     hs = [hist[:L, i] for i, L in enumerate(lens)]
@@ -418,28 +431,29 @@ def test_scaled_mm_matches_cpu(mnk, fmts, out, scales, bias):
     c = _ops.scaled_mm(a, b, sa, sb, bv, out, "fp32", 128)
     # Refusals are allowed only where the layout rules expect them (row-wise / block scales
     # off sm_90, or a format pair cuBLASLt may lack); then the fallback must be right.
-    sm90 = torch.cuda.get_device_capability()[0] == 9
+    sm90 = not ON_GPU or torch.cuda.get_device_capability()[0] == 9
     allow = scales != "tensor" and not (sm90 and fmts == (E4, E4))
-    g = _mm_or_fallback(f"{mnk} {fmts} {scales}", allow, a.cuda(), b.cuda(), sa.cuda(), sb.cuda(),
-                        None if bv is None else bv.cuda(), out)
+    g = _mm_or_fallback(f"{mnk} {fmts} {scales}", allow, a.to(DEV), b.to(DEV), sa.to(DEV), sb.to(DEV),
+                        None if bv is None else bv.to(DEV), out)
     assert g.dtype == out and g.shape == (M, N)
     # Hopper accumulates FP8 products in ~14 bits between promotions: exact-sum agreement
     # (a 1e-5 tolerance) is not to be had; the self-check's FP22-aware rule is.
     _gemm_case(f"scaled_mm {mnk} {scales} {out} bias={bias}", g, a, b, sa, sb, scales, bv, c)
 
 
+@gpu_only
 def test_scaled_mm_vs_torch_scaled_mm():
     M, N, K = 512, 768, 1024
-    a = _fp8((M, K), E4, 3).cuda()
-    b = _fp8((N, K), E4, 4).cuda().t()
-    sa, sb = torch.tensor(0.5, device="cuda"), torch.tensor(0.25, device="cuda")
+    a = _fp8((M, K), E4, 3).to(DEV)
+    b = _fp8((N, K), E4, 4).to(DEV).t()
+    sa, sb = torch.tensor(0.5, device=DEV), torch.tensor(0.25, device=DEV)
     for out in (torch.bfloat16, torch.float32):
         ref = torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=out)
         got = _ops.scaled_mm(a, b, sa, sb, None, out, "fp32", 128)
         # both are cuBLASLt FP8 GEMMs, but with different heuristic inputs (alignment
         # preferences, workspace): maybe different algorithms, so summation order differs
         _gemm_case(f"scaled_mm vs torch._scaled_mm {out}", got, a, b, sa, sb, "tensor", None, ref)
-    sa_r, sb_r = torch.rand(M, 1, device="cuda") + 0.5, torch.rand(1, N, device="cuda") + 0.5
+    sa_r, sb_r = torch.rand(M, 1, device=DEV) + 0.5, torch.rand(1, N, device=DEV) + 0.5
     try:
         ref = torch._scaled_mm(a, b, scale_a=sa_r, scale_b=sb_r, out_dtype=torch.bfloat16)
     except RuntimeError as e:  # older torch / cuBLAS without row-wise scaling
@@ -448,15 +462,16 @@ def test_scaled_mm_vs_torch_scaled_mm():
     _gemm_case("scaled_mm vs torch._scaled_mm row-wise", got, a, b, sa_r, sb_r, "row", None, ref)
 
 
+@gpu_only
 def test_scaled_mm_row_major_b_and_errors():
     a = _fp8((64, 64), E4, 5)
     b = _fp8((64, 32), E4, 6)  # row-major (K, N): transposed by a copy on CUDA
     s = torch.tensor(1.0)
     c = _ops.scaled_mm(a, b, s, s, None, torch.float32, "fp32", 128)
-    g = _ops.scaled_mm(a.cuda(), b.cuda(), s.cuda(), s.cuda(), None, torch.float32, "fp32", 128)
+    g = _ops.scaled_mm(a.to(DEV), b.to(DEV), s.to(DEV), s.to(DEV), None, torch.float32, "fp32", 128)
     _gemm_case("scaled_mm row-major b", g, a, b, s, s, "tensor", None, c)
     with pytest.raises(ValueError, match="E5M2 x E5M2"):
-        _ops.scaled_mm(_fp8((64, 64), E5, 1).cuda(), _fp8((32, 64), E5, 2).cuda().t(), s.cuda(), s.cuda(), None,
+        _ops.scaled_mm(_fp8((64, 64), E5, 1).to(DEV), _fp8((32, 64), E5, 2).to(DEV).t(), s.to(DEV), s.to(DEV), None,
                       torch.float32, "fp32", 128)
 
 
@@ -472,11 +487,12 @@ def test_scaled_mm_misaligned_bias_and_operand_views(offset):
     bias = big_bias[offset:offset + N]
     s = torch.tensor(0.75)
     c = _ops.scaled_mm(a, b, s, s, bias, torch.bfloat16, "fp32", 128)
-    g = _ops.scaled_mm(big_a.cuda()[:, offset:offset + K], b.cuda(), s.cuda(), s.cuda(),
-                      big_bias.cuda()[offset:offset + N], torch.bfloat16, "fp32", 128)
+    g = _ops.scaled_mm(big_a.to(DEV)[:, offset:offset + K], b.to(DEV), s.to(DEV), s.to(DEV),
+                      big_bias.to(DEV)[offset:offset + N], torch.bfloat16, "fp32", 128)
     _gemm_case(f"scaled_mm misaligned views +{offset}", g, a, b, s, s, "tensor", bias, c)
 
 
+@gpu_only
 @pytest.mark.parametrize("kind", ["tensor", "row", "block"])
 def test_fallback_on_cuda_matches_cpu(kind):
     """fp8mix.cuda.fallback.scaled_mm_fallback on this device (torch._scaled_mm) agrees with
@@ -492,19 +508,20 @@ def test_fallback_on_cuda_matches_cpu(kind):
         sa, sb = torch.rand(M, 3) + 0.5, torch.rand(3, 1) + 0.5
     bias = torch.randn(N).to(torch.bfloat16)
     c = _ops.scaled_mm(a, b, sa, sb, bias, torch.bfloat16, "fp32", 128)
-    g = fallback.scaled_mm_fallback(a.cuda(), b.cuda(), sa.cuda(), sb.cuda(), bias.cuda(), torch.bfloat16)
+    g = fallback.scaled_mm_fallback(a.to(DEV), b.to(DEV), sa.to(DEV), sb.to(DEV), bias.to(DEV), torch.bfloat16)
     _gemm_case(f"scaled_mm_fallback {kind}", g, a, b, sa, sb, kind, bias, c)
     try:
-        _ops.scaled_mm(a.cuda(), b.cuda(), sa.cuda(), sb.cuda(), bias.cuda(), torch.bfloat16, "fp32", 128)
+        _ops.scaled_mm(a.to(DEV), b.to(DEV), sa.to(DEV), sb.to(DEV), bias.to(DEV), torch.bfloat16, "fp32", 128)
     except NotImplementedError as e:
         assert fallback.is_refusal(e), str(e)
         assert kind != "tensor", "per-tensor scales must never be refused on an FP8 device"
 
 
+@gpu_only
 def test_scaled_mm_fast_accum_runs():
-    a = _fp8((256, 512), E4, 7).cuda()
-    b = _fp8((256, 512), E4, 8).cuda().t()
-    s = torch.tensor(1.0, device="cuda")
+    a = _fp8((256, 512), E4, 7).to(DEV)
+    b = _fp8((256, 512), E4, 8).to(DEV).t()
+    s = torch.tensor(1.0, device=DEV)
     exact = _ops.scaled_mm(a, b, s, s, None, torch.float32, "fp32", 128)
     fast = _ops.scaled_mm(a, b, s, s, None, torch.float32, "fp22", 128)
     assert _rel_fro(fast, exact) < 1e-2
@@ -523,19 +540,19 @@ def test_linear_cuda_tracks_cpu(recipe):
     rec = {"delayed": fp8mix.recipe.DelayedScaling(amax_history_len=4),
            "current": fp8mix.recipe.CurrentScaling(),
            "block": fp8mix.recipe.BlockScaling()}[recipe]
-    if recipe == "block" and torch.cuda.get_device_capability() < (9, 0):
+    if recipe == "block" and ON_GPU and torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("block scales need sm_90")
     lin_c = fp8mix.Linear(256, 384)
-    lin_g = fp8mix.Linear(256, 384).cuda()
+    lin_g = fp8mix.Linear(256, 384).to(DEV)
     lin_g.load_state_dict(lin_c.state_dict())
     for step in range(3):
         x = torch.randn(128, 256)
-        xc, xg = x.clone().requires_grad_(), x.cuda().requires_grad_()
+        xc, xg = x.clone().requires_grad_(), x.to(DEV).requires_grad_()
         with fp8mix.fp8_autocast(enabled=True, fp8_recipe=rec):
             yc, yg = lin_c(xc), lin_g(xg)
         dy = torch.randn_like(yc)
         yc.backward(dy)
-        yg.backward(dy.cuda())
+        yg.backward(dy.to(DEV))
         assert _sqnr_db(yg, yc) > 40, step
         assert _sqnr_db(xg.grad, xc.grad) > 40, step
         assert _sqnr_db(lin_g.weight.grad, lin_c.weight.grad) > 40, step
@@ -546,17 +563,18 @@ def test_linear_cuda_tracks_cpu(recipe):
 
 # ---- CUDA graphs ------------------------------------------------------------------------
 
+@gpu_only
 @pytest.mark.parametrize("recipe", ["current", "delayed"])
 def test_linear_training_step_captures_and_replays(recipe):
     """One fp8mix.Linear fwd+bwd step in a CUDA graph (static shapes, no host sync, no
     data-dependent allocation): capture, replay on new data, compare with eager."""
     torch.manual_seed(0)
     rec = fp8mix.recipe.CurrentScaling() if recipe == "current" else fp8mix.recipe.DelayedScaling()
-    lin = fp8mix.Linear(256, 384).cuda()
-    eager = fp8mix.Linear(256, 384).cuda()
+    lin = fp8mix.Linear(256, 384).to(DEV)
+    eager = fp8mix.Linear(256, 384).to(DEV)
     eager.load_state_dict(lin.state_dict())
-    x = torch.randn(128, 256, device="cuda", requires_grad=True)
-    dy = torch.randn(128, 384, device="cuda")
+    x = torch.randn(128, 256, device=DEV, requires_grad=True)
+    dy = torch.randn(128, 384, device=DEV)
 
     def step(mod, inp):
         with fp8mix.fp8_autocast(enabled=True, fp8_recipe=rec):
@@ -578,7 +596,7 @@ def test_linear_training_step_captures_and_replays(recipe):
         y_static = step(lin, x)
     prev = None
     for trial in range(2):
-        new = torch.randn(128, 256, device="cuda")
+        new = torch.randn(128, 256, device=DEV)
         with torch.no_grad():
             x.copy_(new)
         lin.weight.grad.zero_()
