@@ -1,5 +1,23 @@
-"""What the benchmark scripts print about the machine they ran on."""
+"""What the benchmark scripts share: the machine they ran on (CPU, ISA of fp8mix and
+of torch's own kernels, load), capping every library to AVX2 for a fair comparison
+on a wider CPU, interleaved timing, and PASS/FAIL formatting."""
+from __future__ import annotations
+
+import os
 import platform
+import statistics
+import subprocess
+import sys
+import time
+from typing import Callable, List, Sequence, Tuple
+
+# Environment that caps fp8mix and torch's kernels (ATen, MKL, oneDNN) to AVX2.
+AVX2_ENV = {
+    "FP8MIX_MAX_ISA": "avx2",
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+    "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+}
 
 
 def cpu_model() -> str:
@@ -12,3 +30,94 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def cap_to_avx2_and_reexec() -> None:
+    """Re-execute this script with AVX2_ENV set (the libraries read it at load time);
+    a no-op when it is already in effect."""
+    if all(os.environ.get(k) == v for k, v in AVX2_ENV.items()):
+        return
+    env = dict(os.environ, **AVX2_ENV)
+    os.execve(sys.executable, [sys.executable] + sys.argv, env)
+
+
+_PROBE = (
+    "import torch\n"
+    "a = torch.randn(64, 64)\n"
+    "torch.mm(a, a); torch.mm(a.bfloat16(), a.bfloat16())\n"
+    "print('ATEN', torch.backends.cpu.get_cpu_capability())\n"
+)
+
+
+def torch_isa() -> str:
+    """The ISA torch's own kernels run at, read from the libraries themselves (ATen's
+    capability, MKL_VERBOSE and ONEDNN_VERBOSE in a child process with this
+    environment), so that a cap that did not take effect is visible."""
+    env = dict(os.environ, MKL_VERBOSE="1", ONEDNN_VERBOSE="1")
+    try:
+        out = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True,
+                             timeout=120).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"unknown ({type(e).__name__})"
+    aten = mkl = dnnl = "?"
+    for line in out.splitlines():
+        if line.startswith("ATEN "):
+            aten = line.split()[1]
+        elif line.startswith("MKL_VERBOSE") and "Intel(R)" in line and mkl == "?":
+            mkl = ("AMX" if "AMX" in line else "AVX-512" if "AVX-512" in line else
+                   "AVX2" if "AVX2" in line else "other")
+        elif line.startswith("onednn_verbose") and ",isa:" in line:
+            dnnl = line.split(",isa:", 1)[1].strip()
+    return f"ATen {aten}, MKL {mkl}, oneDNN {dnnl}"
+
+
+def load_average() -> str:
+    """The 1/5/15-minute load averages and the CPU count."""
+    if not hasattr(os, "getloadavg"):
+        return "n/a"
+    a = os.getloadavg()
+    return f"{a[0]:.2f} {a[1]:.2f} {a[2]:.2f} on {os.cpu_count()} CPUs"
+
+
+def header_lines(fp8mix_isa: str) -> List[str]:
+    """Markdown bullet lines describing the machine and the ISAs in effect."""
+    import datetime
+
+    import torch
+
+    capped = all(os.environ.get(k) == v for k, v in AVX2_ENV.items())
+    return [
+        f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}",
+        f"- cpu: {cpu_model()} ({os.cpu_count()} logical CPUs); load average at start: {load_average()}",
+        f"- fp8mix ISA: {fp8mix_isa}; torch {torch.__version__} kernels: {torch_isa()}"
+        + ("; capped to AVX2 (FP8MIX_MAX_ISA, ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA, MKL_ENABLE_INSTRUCTIONS)"
+           if capped else ""),
+        f"- python {platform.python_version()}",
+    ]
+
+
+def bench_interleaved(fns: Sequence[Callable[[], object]], budget_s: float = 0.6, min_reps: int = 3,
+                      max_reps: int = 40, warmup: int = 1) -> List[Tuple[float, float]]:
+    """Time several callables in alternation (rep i runs each once, in turn), so that load
+    from elsewhere on the machine hits them alike.  `warmup` untimed rounds, then reps fitted
+    to the budget.  Returns [(median, min) seconds] in the order of fns."""
+    for _ in range(max(warmup, 1)):
+        for fn in fns:
+            fn()
+    t0 = time.perf_counter()
+    for fn in fns:
+        fn()
+    est = max(time.perf_counter() - t0, 1e-6)
+    reps = int(min(max_reps, max(min_reps, budget_s / est)))
+    times: List[List[float]] = [[] for _ in fns]
+    for _ in range(reps):
+        for fn, ts in zip(fns, times):
+            t = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t)
+    return [(statistics.median(ts), min(ts)) for ts in times]
+
+
+def verdict(ok: bool) -> str:
+    """PASS / FAIL for a table cell."""
+    return "PASS" if ok else "FAIL"

@@ -1,54 +1,75 @@
-"""Benchmark: fp8mix.Linear (each recipe) vs nn.Linear float32 / bfloat16 on CPU.
+"""Benchmark: fp8mix.Linear (each recipe) vs nn.Linear float32 / bfloat16 and torchao's
+Float8Linear on CPU; a tiny HF Llama model step; PASS/FAIL against issue #17's targets.
 
-    python benchmarks/bench_linear.py              # M = N = K in 512 1024 2048 4096
+    python benchmarks/bench_linear.py              # M = N = K in 512 1024 2048 4096, Llama step
     python benchmarks/bench_linear.py --quick      # 512 1024 2048, fewer repeats
-    python benchmarks/bench_linear.py --sizes 1024,3000 --iters 5 --warmup 2
-
-Targets (from the issue): FP8 step within 1.5x of the float32 step at 2048 and above;
-the FP8 activation saved for backward <= 30% of float32's.
+    python benchmarks/bench_linear.py --avx2       # fp8mix and torch capped to AVX2
+    python benchmarks/bench_linear.py --sizes 1024 --threads 2 --no-llama --memory
 
 One "step" = a simulated optimizer update of the weight (an in-place no-op add, so the
-parameter has a new version and fp8mix re-casts its FP8 weight, as in training; every
-variant pays the same add), forward, and backward (dgrad and wgrad: the input requires
-grad), one square layer y[M,N] = x[M,K] W[N,K]^T + b. Times are medians after warmup,
-all variants of a size measured in the same run, interleaved round-robin so that load
-from other processes hits all of them alike.
+parameter has a new version and the FP8 layers re-cast their weight, as in training;
+every variant pays the same add), forward, and backward (dgrad and wgrad: the input
+requires grad), one square layer y[M,N] = x[M,K] W[N,K]^T + b. Times are medians after
+warmup, all variants of a size interleaved round-robin in the same run, so that load
+from other processes hits all of them alike.  torchao: Float8Linear from
+convert_to_float8_training (tensorwise: the default config; rowwise: the "rowwise"
+recipe); on CPU it runs through aten._scaled_mm, which some CPU builds of torch run orders
+of magnitude slower than torch.mm: where a torchao step would take longer than
+--torchao-budget seconds (estimated from _scaled_mm's rate at 256^3 and the GEMM flop), it is
+not run and the estimate, a lower bound, stands in for it.
 
 Memory columns:
   peak MB     resident-set high-water mark of one step above the resident set before it
               (Linux VmHWM after a clear_refs reset; this script re-executes itself with
               MALLOC_MMAP_THRESHOLD_=65536 so freed tensors leave the resident set at once),
               i.e. the step's outputs, gradients, saved tensors and any scratch, C side
-              included.
+              included (the C GEMM keeps its packing workspace between calls: it is in the
+              resident set before the step, as MKL's buffers are).
   saved act   bytes of the tensors autograd saves for backward in one forward that grow
               with the batch M (torch.autograd.graph.saved_tensors_hooks; measured at
-              M = 128 and 256 and scaled to M): the activation. The FP8 copy of the weight
-              (and nn.Linear's reference to the weight) does not grow with M and is not
-              in it; it is in "saved all", which counts every saved tensor that is not a
-              Parameter's own storage.
+              M = 128 and 256 and scaled to M).
+--memory adds, per FP8 recipe, torch.profiler's per-op allocations of one step (what the
+Python layer allocates, op by op) and the C core's share (VmHWM peak minus them).
+
+Targets (issue #17; fp8mix's ISA decides which apply):
+  step:      FP8 <= 1.0x the float32 step at >= 1024 and <= 1.2x at 512 (avx2, avx512);
+             <= 0.6x (avx512bf16)
+  overhead:  per-layer Python + dispatch time <= 100 us (FP8 step minus float32 step at 64)
+  memory:    FP8 step peak <= float32's; saved activation <= 30% of float32's
+  torchao:   fp8mix (delayed) step <= 0.5x torchao tensorwise's, per layer and for Llama
 """
 from __future__ import annotations
 
-import argparse
-import datetime
 import os
-import platform
-import statistics
 import sys
-import time
 
 ENV_KEY = "MALLOC_MMAP_THRESHOLD_"
-if os.environ.get(ENV_KEY) is None and sys.platform.startswith("linux"):
-    os.environ[ENV_KEY] = "65536"
-    os.execv(sys.executable, [sys.executable] + sys.argv)
+if sys.platform.startswith("linux"):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _machine import AVX2_ENV
+
+    env = dict(os.environ)
+    if env.get(ENV_KEY) is None:
+        env[ENV_KEY] = "65536"
+    if "--avx2" in sys.argv:
+        env.update(AVX2_ENV)
+    if env != dict(os.environ):  # the allocator and the ISA caps are read at load time
+        os.execve(sys.executable, [sys.executable] + sys.argv, env)
+
+import argparse  # noqa: E402
+import contextlib  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
+from _machine import header_lines, load_average, verdict  # noqa: E402
 
 import fp8mix  # noqa: E402
 from fp8mix.recipe import BlockScaling, CurrentScaling, DelayedScaling  # noqa: E402
 
-VARIANTS = ["nn f32", "nn bf16 autocast", "nn bf16 module", "fp8 delayed", "fp8 current", "fp8 block"]
+VARIANTS = ["nn f32", "nn bf16 autocast", "nn bf16 module", "fp8 delayed", "fp8 current", "fp8 block",
+            "torchao tensorwise", "torchao rowwise"]
 RECIPES = {"fp8 delayed": DelayedScaling, "fp8 current": CurrentScaling, "fp8 block": BlockScaling}
 
 
@@ -72,23 +93,61 @@ def _reset_hwm():
         return False
 
 
+def torchao_convert(model: nn.Module, recipe: str) -> nn.Module:
+    """model with its nn.Linear layers swapped for torchao's Float8Linear (in place)."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    cfg = Float8LinearConfig() if recipe == "tensorwise" else Float8LinearConfig.from_recipe_name(recipe)
+    return convert_to_float8_training(model, config=cfg)
+
+
+_SCALED_MM_RATE: list = []
+
+
+def scaled_mm_rate() -> float:
+    """FLOP/s of one aten._scaled_mm (the GEMM torchao runs on CPU) at 256^3, measured
+    once: on some CPU builds it is orders of magnitude slower than torch.mm."""
+    if not _SCALED_MM_RATE:
+        a = torch.randn(256, 256).to(torch.float8_e4m3fn)
+        b = torch.randn(256, 256).to(torch.float8_e4m3fn).t()
+        one = torch.tensor(1.0)
+        torch._scaled_mm(a[:16], b[:, :16], one, one, out_dtype=torch.float32)
+        t0 = time.perf_counter()
+        torch._scaled_mm(a, b, one, one, out_dtype=torch.float32)
+        _SCALED_MM_RATE.append(2 * 256**3 / (time.perf_counter() - t0))
+    return _SCALED_MM_RATE[0]
+
+
+def torchao_estimate(flop: float) -> float:
+    """Lower bound of a torchao step's seconds from its GEMM flop (casts not counted)."""
+    return flop / scaled_mm_rate()
+
+
+def fp8_context(variant: str):
+    """The autocast context a variant's forward runs under."""
+    if variant == "nn bf16 autocast":
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    if variant.startswith("fp8"):
+        return fp8mix.fp8_autocast(fp8_recipe=RECIPES[variant]())
+    return contextlib.nullcontext()
+
+
 class Case:
-    def __init__(self, variant, S, seed=0):
+    """One square layer of one variant, with its input and output gradient."""
+
+    def __init__(self, variant, S, M=None, seed=0):
         self.variant = variant
         torch.manual_seed(seed)
         dt = torch.bfloat16 if variant == "nn bf16 module" else torch.float32
-        cls = fp8mix.Linear if variant.startswith("fp8") else nn.Linear
-        self.layer = cls(S, S, dtype=dt)
-        self.x = torch.randn(S, S, dtype=dt).requires_grad_()
-        self.g = torch.randn(S, S, dtype=dt)
+        if variant.startswith("torchao"):
+            self.layer = torchao_convert(nn.Sequential(nn.Linear(S, S)), variant.split()[1])[0]
+        else:
+            cls = fp8mix.Linear if variant.startswith("fp8") else nn.Linear
+            self.layer = cls(S, S, dtype=dt)
+        M = M or S
+        self.x = torch.randn(M, S, dtype=dt).requires_grad_()
+        self.g = torch.randn(M, S, dtype=dt)
         self.S = S
-
-    def ctx(self):
-        if self.variant == "nn bf16 autocast":
-            return torch.autocast("cpu", dtype=torch.bfloat16)
-        if self.variant.startswith("fp8"):
-            return fp8mix.fp8_autocast(fp8_recipe=RECIPES[self.variant]())
-        return fp8mix.fp8_autocast(enabled=False)
 
     def zero_grad(self):
         self.x.grad = None
@@ -99,12 +158,12 @@ class Case:
         with torch.no_grad():
             self.layer.weight.add_(0.0)  # "optimizer update": new weight version
         self.zero_grad()
-        with self.ctx():
+        with fp8_context(self.variant):
             y = self.layer(self.x)
         y.backward(self.g.to(y.dtype))
 
     def saved_bytes(self, M):
-        """(all non-parameter saved bytes, list of (nbytes, grows-with-M unknown)) for one forward."""
+        """Bytes of the non-parameter tensors autograd saves in one forward of M rows."""
         params = {p.untyped_storage().data_ptr() for p in self.layer.parameters()}
         seen = {}
 
@@ -116,41 +175,191 @@ class Case:
             return t
 
         x = torch.randn(M, self.S, dtype=self.x.dtype).requires_grad_()
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), self.ctx():
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), fp8_context(self.variant):
             self.layer(x)
         return sum(seen.values())
 
 
-def fmt_mb(b):
-    return f"{b / 2**20:.1f}"
+def step_peak(step) -> float | None:
+    """Resident-set high-water mark of one call above the resident set before it, bytes."""
+    base = _status("VmRSS")
+    if base is None or not _reset_hwm():
+        return None
+    step()
+    hwm = _status("VmHWM")
+    return hwm - base if hwm is not None else None
 
 
-def machine_info():
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    load = os.getloadavg() if hasattr(os, "getloadavg") else ("?",)
-    return (f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}\n"
-            f"- machine: {cpu}; {os.cpu_count()} logical CPUs; torch threads {torch.get_num_threads()}; "
-            f"load average {', '.join(f'{l:.1f}' for l in load)}\n"
-            f"- python {platform.python_version()}, torch {torch.__version__}, fp8mix {fp8mix.__version__}, "
-            f"fp8mix CPU kernels: {fp8mix.cpu_isa()}")
+def interleaved(cases: dict, warmup: int, iters: int) -> dict:
+    """Median step seconds per case, all cases stepped round-robin."""
+    for _ in range(warmup):
+        for c in cases.values():
+            c.step()
+    times = {v: [] for v in cases}
+    for _ in range(iters):
+        for v, c in cases.items():
+            t0 = time.perf_counter()
+            c.step()
+            times[v].append(time.perf_counter() - t0)
+    return {v: statistics.median(t) for v, t in times.items()}
+
+
+def step_targets(isa: str, S: int) -> float:
+    """The FP8 step-time target (x float32) for this ISA and size."""
+    if isa == "avx512bf16":
+        return 0.6
+    return 1.0 if S >= 1024 else 1.2
+
+
+def layer_table(sizes, variants, warmup, iters, isa, fails, tao_budget):
+    """The per-size table; appends missed targets to fails.  torchao variants whose
+    estimated step exceeds tao_budget seconds are not run: their lower bound stands in."""
+    print("| M=N=K | variant | step ms | x f32 | x torchao tw | peak MB | x f32 peak | saved act MB | act % f32 "
+          "| verdict |")
+    print("|---:|:---|---:|---:|---:|---:|---:|---:|---:|---|")
+    for S in sizes:
+        est = torchao_estimate(3 * 2.0 * S**3) if any(v.startswith("torchao") for v in variants) else 0.0
+        run = [v for v in variants if not (v.startswith("torchao") and est > tao_budget)]
+        cases = {v: Case(v, S) for v in run}
+        med = interleaved(cases, warmup, iters)
+        rows = {}
+        for v, c in cases.items():
+            c.zero_grad()  # the previous step's gradients are not part of this step's peak
+            rows[v] = (med[v], step_peak(c.step), (c.saved_bytes(256) - c.saved_bytes(128)) / 128 * S)
+        t32, p32, a32 = rows["nn f32"]
+        tao = rows["torchao tensorwise"][0] if "torchao tensorwise" in rows else (est if est > tao_budget else None)
+        for v in variants:
+            if v not in rows:
+                print(f"| {S} | {v} | >= {est * 1e3:.0f} (est.) | >= {est / t32:.0f} | | | | | | not run: "
+                      f"aten._scaled_mm runs at {scaled_mm_rate() / 1e9:.3f} GFLOP/s here |")
+                continue
+            t, peak, act = rows[v]
+            checks = []
+            if v.startswith("fp8"):
+                checks = [("step", t / t32 <= step_targets(isa, S)), ("saved act", act <= 0.30 * a32)]
+                if peak is not None and p32:
+                    checks.append(("peak", peak <= p32))
+                if tao and v == "fp8 delayed":
+                    checks.append(("torchao", t <= 0.5 * tao))
+            missed = [name for name, ok in checks if not ok]
+            if missed:
+                fails.append(f"{S} {v} ({', '.join(missed)})")
+            pk = f"{peak / 2**20:.1f}" if peak is not None else "n/a"
+            pr = f"{peak / p32:.2f}" if peak is not None and p32 else "n/a"
+            print(f"| {S} | {v} | {t * 1e3:.1f} | {t / t32:.2f} | {f'{t / tao:.2f}' if tao else 'n/a'} | {pk} | {pr} "
+                  f"| {act / 2**20:.1f} | {100 * act / a32:.0f}% | {verdict(not missed) if checks else ''} |",
+                  flush=True)
+        del cases
+
+
+def overhead_row(warmup, iters, fails):
+    """Per-layer Python + dispatch overhead: FP8 step minus float32 step at M=N=K=64."""
+    cases = {v: Case(v, 64) for v in ("nn f32", "fp8 delayed", "fp8 current")}
+    med = interleaved(cases, max(warmup, 5), max(iters, 50))
+    print()
+    for v in ("fp8 delayed", "fp8 current"):
+        over = (med[v] - med["nn f32"]) * 1e6
+        ok = over <= 100
+        if not ok:
+            fails.append(f"overhead {v}")
+        print(f"- per-layer overhead ({v}, 64x64x64 step minus nn.Linear's {med['nn f32'] * 1e6:.0f} us): "
+              f"{over:.0f} us -- {verdict(ok)} (<= 100 us)")
+
+
+def llama_model(variant: str):
+    """A tiny random-init HF Llama (4 layers x 7 Linear + lm_head = 29 Linear layers)."""
+    import transformers
+
+    cfg = transformers.LlamaConfig(vocab_size=4096, hidden_size=512, intermediate_size=1376, num_hidden_layers=4,
+                                   num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=512)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg)
+    if variant == "fp8mix delayed":
+        fp8mix.convert_model(model)
+    elif variant.startswith("torchao"):
+        torchao_convert(model, variant.split()[1])
+    return model
+
+
+def llama_table(warmup, iters, batch, seq, fails, tao_budget):
+    """fwd+bwd step of the tiny Llama per variant, interleaved; fp8mix <= 0.5x torchao
+    (torchao run only when its estimated step fits tao_budget seconds)."""
+    variants = ["f32", "fp8mix delayed", "torchao tensorwise", "torchao rowwise"]
+    probe = llama_model("f32")
+    flop = sum(3 * 2.0 * batch * seq * m.in_features * m.out_features for m in probe.modules()
+               if isinstance(m, nn.Linear))
+    est = torchao_estimate(flop)
+    if est > tao_budget:
+        variants = variants[:2]
+    models = {v: llama_model(v) for v in variants}
+    ids = torch.randint(0, 4096, (batch, seq), generator=torch.Generator().manual_seed(1))
+
+    def step(v):
+        m = models[v]
+        m.zero_grad(set_to_none=True)
+        ctx = fp8mix.fp8_autocast(fp8_recipe=DelayedScaling()) if v.startswith("fp8mix") else contextlib.nullcontext()
+        with ctx:
+            loss = m(input_ids=ids, labels=ids).loss
+        loss.backward()
+
+    class _S:
+        def __init__(self, v):
+            self.v = v
+
+        def step(self):
+            step(self.v)
+
+    med = interleaved({v: _S(v) for v in variants}, warmup, iters)
+    print(f"\n## tiny HF Llama step ({batch}x{seq} tokens, hidden 512, 4 layers, 29 Linear layers)\n")
+    print("| variant | step ms | x f32 | x torchao tensorwise | verdict |")
+    print("|:---|---:|---:|---:|---|")
+    tao = med.get("torchao tensorwise", est)
+    if "torchao tensorwise" not in med:
+        print(f"| torchao (both) | >= {est * 1e3:.0f} (est.) | >= {est / med['f32']:.0f} | | not run: aten._scaled_mm "
+              f"runs at {scaled_mm_rate() / 1e9:.3f} GFLOP/s here |")
+    for v in variants:
+        r = med[v] / tao
+        v_ok = "" if v != "fp8mix delayed" else verdict(r <= 0.5)
+        if v == "fp8mix delayed" and r > 0.5:
+            fails.append("llama vs torchao")
+        print(f"| {v} | {med[v] * 1e3:.1f} | {med[v] / med['f32']:.2f} | {r:.2f} | {v_ok} |", flush=True)
+
+
+def memory_breakdown(S: int) -> None:
+    """Per FP8 recipe: the allocations of one step by op (torch.profiler), largest first,
+    and the C core's share of the peak (VmHWM peak minus what torch allocated at most)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    print(f"\n## what one step allocates, by op (M=N=K={S})\n")
+    for v in ["nn f32", "fp8 delayed", "fp8 current", "fp8 block"]:
+        c = Case(v, S)
+        for _ in range(2):
+            c.step()
+        c.zero_grad()
+        peak = step_peak(c.step)
+        c.zero_grad()
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            c.step()
+        allocs = [(e.key, e.self_cpu_memory_usage / 2**20) for e in prof.key_averages() if e.self_cpu_memory_usage > 0]
+        allocs.sort(key=lambda kv: -kv[1])
+        top = ", ".join(f"{k} {mb:.1f}" for k, mb in allocs[:8])
+        print(f"- {v}: peak {peak / 2**20 if peak else float('nan'):.1f} MB; allocated by op (MB): {top}")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--avx2", action="store_true", help="cap fp8mix and torch (ATen, MKL, oneDNN) to AVX2")
     ap.add_argument("--sizes", type=str, default=None, help="comma-separated M=N=K (default 512,1024,2048,4096)")
     ap.add_argument("--quick", action="store_true", help="sizes 512,1024,2048 and fewer repeats")
     ap.add_argument("--iters", type=int, default=None, help="timed steps per variant (default 7, quick 3)")
     ap.add_argument("--warmup", type=int, default=None, help="untimed steps per variant (default 2, quick 1)")
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    ap.add_argument("--threads", type=int, default=None, help="torch (and fp8mix) threads (default: torch's)")
     ap.add_argument("--variants", type=str, default=None, help=f"comma-separated subset of {VARIANTS}")
+    ap.add_argument("--no-llama", action="store_true", help="skip the tiny HF Llama model step")
+    ap.add_argument("--llama-tokens", type=str, default="2x256", help="batch x sequence of the Llama step")
+    ap.add_argument("--memory", action="store_true", help="per-op allocation breakdown of one step")
+    ap.add_argument("--torchao-budget", type=float, default=20.0,
+                    help="seconds per step above which (estimated) torchao is not run")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -158,63 +367,30 @@ def main():
                                                                   [512, 1024, 2048, 4096])
     iters = a.iters or (3 if a.quick else 7)
     warmup = a.warmup if a.warmup is not None else (1 if a.quick else 2)
-    variants = [v.strip() for v in a.variants.split(",")] if a.variants else VARIANTS
+    variants = [v.strip() for v in a.variants.split(",")] if a.variants else list(VARIANTS)
     if "nn f32" not in variants:
         variants.insert(0, "nn f32")
+    isa = str(fp8mix.cpu_isa())
 
-    print("# fp8mix.Linear vs nn.Linear: forward+backward step on CPU\n")
-    print("Targets: FP8 step <= 1.5x the float32 step at M=N=K >= 2048; "
-          "FP8 saved activation <= 30% of float32's.\n")
-    print(machine_info())
-    print(f"- {warmup} warmup + {iters} timed steps per variant, median; variants interleaved round-robin\n")
-    print("| M=N=K | variant | step ms (median) | x f32 step | peak MB | saved act MB | act % of f32 | saved all MB |")
-    print("|---:|:---|---:|---:|---:|---:|---:|---:|")
+    print("# fp8mix.Linear vs nn.Linear and torchao Float8Linear: forward+backward step on CPU\n")
+    for line in header_lines(isa):
+        print(line)
+    print(f"- torch threads {torch.get_num_threads()}; {warmup} warmup + {iters} timed steps per variant, median; "
+          "variants interleaved round-robin")
+    print(f"- targets ({isa}): FP8 step <= {step_targets(isa, 1024)}x f32 at >= 1024 and <= {step_targets(isa, 512)}x "
+          "at 512; peak <= f32's; saved act <= 30%; fp8mix delayed <= 0.5x torchao tensorwise\n")
     t_start = time.time()
-    verdict = []
-    for S in sizes:
-        cases = {v: Case(v, S) for v in variants}
-        for _ in range(warmup):
-            for c in cases.values():
-                c.step()
-        times = {v: [] for v in variants}
-        for _ in range(iters):
-            for v, c in cases.items():
-                t0 = time.perf_counter()
-                c.step()
-                times[v].append(time.perf_counter() - t0)
-        rows = {}
-        for v, c in cases.items():
-            c.zero_grad()  # the previous step's gradients are not part of this step's peak
-            base = _status("VmRSS")
-            peak = None
-            if base is not None and _reset_hwm():
-                c.step()
-                hwm = _status("VmHWM")
-                peak = hwm - base if hwm is not None else None
-            s1, s2 = c.saved_bytes(128), c.saved_bytes(256)
-            act = (s2 - s1) / 128 * S
-            rows[v] = (statistics.median(times[v]), peak, act, c.saved_bytes(S))
-        t32, _, a32, _ = rows["nn f32"]
-        for v in variants:
-            t, peak, act, allb = rows[v]
-            print(f"| {S} | {v} | {t * 1e3:.1f} | {t / t32:.2f} | {fmt_mb(peak) if peak is not None else 'n/a'} "
-                  f"| {fmt_mb(act)} | {100 * act / a32:.0f}% | {fmt_mb(allb)} |", flush=True)
-            if v.startswith("fp8"):
-                verdict.append((S, v, t / t32, act / a32))
-        del cases
+    fails: list = []
+    layer_table(sizes, variants, warmup, iters, isa, fails, a.torchao_budget)
+    overhead_row(warmup, iters, fails)
+    if not a.no_llama:
+        b, s = (int(v) for v in a.llama_tokens.split("x"))
+        llama_table(warmup, iters, b, s, fails, a.torchao_budget)
+    if a.memory:
+        memory_breakdown(max(sizes))
     print()
-    big = [r for r in verdict if r[0] >= 2048]
-    if big:
-        worst = max(big, key=lambda r: r[2])
-        ok_t = all(r[2] <= 1.5 for r in big)
-        print(f"- step-time target (<= 1.5x f32 at >= 2048): {'MET' if ok_t else 'NOT MET'} "
-              f"(worst {worst[1]} at {worst[0]}: {worst[2]:.2f}x)")
-    else:
-        print("- step-time target: no size >= 2048 measured")
-    worst_a = max(verdict, key=lambda r: r[3])
-    print(f"- saved-activation target (<= 30% of f32): {'MET' if all(r[3] <= 0.30 for r in verdict) else 'NOT MET'} "
-          f"(worst {worst_a[1]} at {worst_a[0]}: {100 * worst_a[3]:.0f}%)")
-    print(f"- total benchmark time {time.time() - t_start:.0f} s")
+    print(f"- {'all targets PASS' if not fails else f'{len(fails)} FAIL: ' + '; '.join(fails)}")
+    print(f"- load average at end: {load_average()}; total benchmark time {time.time() - t_start:.0f} s")
 
 
 if __name__ == "__main__":

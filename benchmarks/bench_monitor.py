@@ -1,7 +1,7 @@
 """Benchmark: what fp8mix.Monitor costs a training step, and what one record costs.
 
     python benchmarks/bench_monitor.py                  # MLP of fp8mix.Linear, 512 wide
-    python benchmarks/bench_monitor.py --model gpt      # fp8mix.demo's GPT, tiny
+    python benchmarks/bench_monitor.py --model gpt      # fp8mix.tools.demo's GPT, tiny
     python benchmarks/bench_monitor.py --steps 300 --threads 2
     python benchmarks/bench_monitor.py --part kernel    # only the two statistics tables
 
@@ -149,7 +149,7 @@ def build(kind: str, width: int, layers: int, seed: int = 0):
         def loss_fn(m):
             return nn.functional.mse_loss(m(x), y)
         return model, loss_fn
-    from fp8mix.demo import GPT
+    from fp8mix.tools.demo.model import GPT
 
     seq = 64
     model = fp8mix.convert_model(GPT(layers=layers, d_model=width, heads=4, seq_len=seq))

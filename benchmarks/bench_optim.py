@@ -4,7 +4,7 @@
     python benchmarks/bench_optim.py --quick    # GPT 1x32, 40 steps, 1 seed; large 512x512
     python benchmarks/bench_optim.py --steps 300 --seeds 5 --threads 2
 
-The model and data are fp8mix.demo's: a byte-level GPT (float32 layers; only the
+The model and data are fp8mix.tools.demo's: a byte-level GPT (float32 layers; only the
 optimizer differs between runs) trained on the Python standard library's sources, the
 last 10% of the bytes held out for validation. Every run of a seed starts from the same
 weights and sees the same batches; the demo's recipe: AdamW betas (0.9, 0.95), weight
@@ -44,8 +44,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _machine import cpu_model  # noqa: E402
 
 import fp8mix  # noqa: E402
-from fp8mix.demo import GPT, batch, evaluate, load_corpus, lr_at, split_corpus  # noqa: E402
 from fp8mix.optim import AdamW, bytes_per_param  # noqa: E402
+from fp8mix.tools.demo.data import batch, load_corpus, split_corpus  # noqa: E402
+from fp8mix.tools.demo.model import GPT, evaluate, lr_at  # noqa: E402
 
 # (label, exp_avg_dtype, exp_avg_sq_dtype); None = torch.optim.AdamW, the reference
 CONFIGS = [

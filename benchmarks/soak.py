@@ -7,7 +7,7 @@ watch for NaNs and divergence.
     python benchmarks/soak.py --checkpoint-dir soak_ck --resume   # continue after a kill
 
 The model, corpus (this Python's stdlib sources unless --data), batches, AdamW and the
-warmup + cosine schedule are fp8mix.demo's (same code: fp8mix.demo.train_one), at a size
+warmup + cosine schedule are the demo's (same code: fp8mix.tools.demo.train_one), at a size
 chosen so that 20k steps take well under 40 minutes on 2 CPU cores.
 
 Every --log-every steps (default 100) one row goes to ``soak.csv`` (flushed): the mean,
@@ -39,15 +39,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _machine import cpu_model  # noqa: E402
 
 import fp8mix  # noqa: E402
-from fp8mix import demo  # noqa: E402
-from fp8mix.cli import UsageError  # noqa: E402
-from fp8mix.inspect_model import json_safe  # noqa: E402
+from fp8mix.tools._common import UsageError, json_safe  # noqa: E402
+from fp8mix.tools.demo import checkpoint, data, model, train  # noqa: E402
+from fp8mix.tools.demo.main import check_args  # noqa: E402
+from fp8mix.tools.demo.variants import RunSpec  # noqa: E402
 
 RECIPE = "fp8-delayed"
 
 
 class Monitor:
-    """demo.train_one's `monitor`: CSV rows per window of steps, divergence check."""
+    """train.train_one's `monitor`: CSV rows per window of steps, divergence check."""
 
     FIELDS = ["step", "loss_mean", "loss_min", "loss_max", "running_min", "ratio_to_min", "wall_s", "wall_ms_per_step"]
 
@@ -159,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1,
                    help="torch (and fp8mix) threads (default 1: on a shared 2-core machine two threads "
                         "contend with other processes and run several times slower; see docs/soak.md)")
-    p.add_argument("--checkpoint-dir", default=None, help="checkpoint here (fp8mix.demo's format)")
+    p.add_argument("--checkpoint-dir", default=None, help="checkpoint here (the demo's format)")
     p.add_argument("--checkpoint-every", type=int, default=1000, help="steps between checkpoints (default 1000)")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --checkpoint-dir")
     p.add_argument("--loss-log", default=None, help="also log every step's loss exactly (demo --loss-log format)")
@@ -188,19 +189,18 @@ def soak(args) -> int:
         raise UsageError("--log-every must be >= 1 and --diverge-factor > 1")
     if not args.checkpoint_dir:
         args.checkpoint_every = None
-    demo.check_args(args)
+    check_args(args)
     device = torch.device("cpu")
     os.makedirs(args.out, exist_ok=True)
-    corpus, desc = demo.load_corpus(args.data)
-    train, val = demo.split_corpus(corpus, args.seq_len)
-    gen = torch.Generator().manual_seed(args.seed)
-    train_starts = torch.randint(0, len(train) - args.seq_len - 1, (args.steps, args.batch_size), generator=gen)
-    val_starts = torch.randint(0, len(val) - args.seq_len - 1, (args.eval_batches, args.batch_size), generator=gen)
+    corpus, desc = data.load_corpus(args.data)
+    train_bytes, val_bytes = data.split_corpus(corpus, args.seq_len)
+    train_starts, val_starts = data.draw_starts(train_bytes, val_bytes, steps=args.steps, batch_size=args.batch_size,
+                                                eval_batches=args.eval_batches, seq_len=args.seq_len, seed=args.seed)
     torch.manual_seed(args.seed)
-    base = demo.GPT(args.layers, args.d_model, args.heads, args.seq_len)
+    base = model.GPT(args.layers, args.d_model, args.heads, args.seq_len)
     n_params = sum(p.numel() for p in base.parameters())
-    ckpt, configs, resume = demo.prepare_checkpoints(args, [RECIPE], device, corpus)
-    loss_log = demo.LossLog(args.loss_log, args.resume) if args.loss_log else None
+    ckpt, configs, resume = checkpoint.prepare_checkpoints(args, [RunSpec(RECIPE, args.seed)], device, corpus)
+    loss_log = checkpoint.LossLog(args.loss_log, args.resume) if args.loss_log else None
     print(f"soak: corpus {desc}")
     print(f"model: GPT {args.layers} layers, d_model {args.d_model}, {args.heads} heads, {n_params:,} parameters; "
           f"{args.steps} steps of {args.batch_size}x{args.seq_len} bytes, {RECIPE}, AdamW lr {args.lr:g}, warmup "
@@ -210,7 +210,7 @@ def soak(args) -> int:
     mon = Monitor(csv_path, args.log_every, args.warmup, args.diverge_factor)
     t0 = time.perf_counter()
     try:
-        res = demo.train_one(RECIPE, base, args, (train, val, train_starts, val_starts), device,
+        res = train.train_one(RECIPE, base, args, (train_bytes, val_bytes, train_starts, val_starts), device,
                              not args.no_progress, ckpt=ckpt, resume_from=resume.get(RECIPE),
                              config=configs.get(RECIPE), loss_log=loss_log, monitor=mon)
     finally:
@@ -223,7 +223,7 @@ def soak(args) -> int:
     summary = {
         "status": "ok" if not res["diverged"] else "stopped", "reason": res["stop_reason"],
         "steps": args.steps, "steps_done": res["steps_done"], "resumed_from_step": res["resumed_from_step"],
-        "config": {k: getattr(args, k) for k in demo.CONFIG_KEYS}, "recipe": RECIPE, "parameters": n_params,
+        "config": {k: getattr(args, k) for k in checkpoint.CONFIG_KEYS}, "recipe": RECIPE, "parameters": n_params,
         "corpus": desc, "threads": torch.get_num_threads(), "cpu": cpu_model(), "python": platform.python_version(),
         "torch": str(torch.__version__), "wall_s": wall,
         "wall_ms_per_step": 1000.0 * wall / new_steps if new_steps else None,

@@ -1,4 +1,10 @@
-"""`python -m fp8mix`: the command-line tools (see fp8mix.cli)."""
-from .cli import main
+"""`python -m fp8mix`: the command-line tools (fp8mix.tools.cli), imported only here."""
 
-raise SystemExit(main())
+
+def _main() -> int:
+    from fp8mix.tools.cli import main
+
+    return main()
+
+
+raise SystemExit(_main())

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import types
-from typing import Callable, Union
+from typing import Callable, Optional, Union
 
 from .auto_format import AutoFormat
 from .formats import Format, Granularity
@@ -94,6 +94,10 @@ def _check_rounding(owner: str, rounding) -> types.MappingProxyType:
     return types.MappingProxyType(out)
 
 
+def _rebuild(cls, fields: dict):
+    return cls(**fields)
+
+
 class _Recipe:
     """What every recipe answers for the modules (no isinstance ladders there)."""
 
@@ -102,9 +106,23 @@ class _Recipe:
     auto: AutoFormat
     margin: int
     power_2_scale: bool
+    use_power_2_scales: Optional[bool]
+    reduce_amax: bool
+    fp8_dpa: bool
+    fp8_mha: bool
 
     def _check_common(self) -> None:
         name = type(self).__name__
+        if self.use_power_2_scales is not None:  # Transformer Engine's name for power_2_scale
+            _check_bool(f"{name}.use_power_2_scales", self.use_power_2_scales)
+            object.__setattr__(self, "power_2_scale", self.use_power_2_scales)
+        object.__setattr__(self, "use_power_2_scales", None)  # one source: power_2_scale
+        _check_bool(f"{name}.reduce_amax", self.reduce_amax)
+        for te_field in ("fp8_dpa", "fp8_mha"):
+            _check_bool(f"{name}.{te_field}", getattr(self, te_field))
+            if getattr(self, te_field):
+                raise NotImplementedError(f"{name}.{te_field}=True: fp8mix does not run attention in FP8 (its "
+                                          "modules' linear layers are FP8; attention stays in high precision)")
         object.__setattr__(self, "fp8_format", _check_format(self.fp8_format))
         object.__setattr__(self, "rounding", _check_rounding(name, self.rounding))
         if not isinstance(self.auto, AutoFormat):
@@ -133,6 +151,14 @@ class _Recipe:
         """Whether any role rounds stochastically."""
         assert isinstance(self.rounding, types.MappingProxyType)
         return any(v == "stochastic" for v in self.rounding.values())
+
+    def __reduce__(self):  # pickle / deepcopy: rebuilt from the fields (a mappingproxy does not pickle)
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+        fields["rounding"] = dict(fields["rounding"])
+        return (_rebuild, (type(self), fields))
+
+    def __deepcopy__(self, memo):  # frozen: a copy is the same value
+        return self
 
     def __hash__(self) -> int:  # rounding is a read-only mapping: hash its items
         items = []
@@ -166,8 +192,16 @@ class DelayedScaling(_Recipe):
     power_2_scale: bool = False
     rounding: Union[str, dict, types.MappingProxyType] = "nearest"
     auto: AutoFormat = dataclasses.field(default_factory=AutoFormat)
+    use_power_2_scales: Optional[bool] = None  # Transformer Engine's spelling of power_2_scale
+    reduce_amax: bool = True  # all-reduce amaxes over fp8_autocast's group (False: every rank its own)
+    fp8_dpa: bool = False  # Transformer Engine's FP8 attention: not supported (True raises)
+    fp8_mha: bool = False
+    scaling_factor_compute_algo: Optional[Callable] = None  # Transformer Engine's; only None
 
     def __post_init__(self):
+        if self.scaling_factor_compute_algo is not None:
+            raise NotImplementedError("DelayedScaling.scaling_factor_compute_algo: fp8mix computes scales by its own "
+                                      "rule (fp8_max / amax / 2**margin, power_2_scale); pass None")
         if not isinstance(self.interval, int) or isinstance(self.interval, bool) or self.interval < 1:
             raise ValueError(f"DelayedScaling.interval must be an int >= 1, got {self.interval!r}")
         if (not isinstance(self.amax_history_len, int) or isinstance(self.amax_history_len, bool)
@@ -208,6 +242,10 @@ class CurrentScaling(_JustInTime):
     margin: int = 0
     rounding: Union[str, dict, types.MappingProxyType] = "nearest"
     auto: AutoFormat = dataclasses.field(default_factory=AutoFormat)
+    use_power_2_scales: Optional[bool] = None  # Transformer Engine's spelling of power_2_scale
+    reduce_amax: bool = True  # all-reduce amaxes over fp8_autocast's group (False: every rank its own)
+    fp8_dpa: bool = False  # Transformer Engine's FP8 attention: not supported (True raises)
+    fp8_mha: bool = False
 
     __hash__ = _Recipe.__hash__
 
@@ -224,6 +262,20 @@ class BlockScaling(_JustInTime):
     margin: int = 0
     rounding: Union[str, dict, types.MappingProxyType] = "nearest"
     auto: AutoFormat = dataclasses.field(default_factory=AutoFormat)
+    use_power_2_scales: Optional[bool] = None  # Transformer Engine's spelling of power_2_scale
+    reduce_amax: bool = True  # all-reduce amaxes over fp8_autocast's group (False: every rank its own)
+    fp8_dpa: bool = False  # Transformer Engine's FP8 attention: not supported (True raises)
+    fp8_mha: bool = False
+    x_block_scaling_dim: int = 1  # Transformer Engine's: 1 = 1x128 tiles, 2 = 128x128 blocks
+    w_block_scaling_dim: int = 2
+    grad_block_scaling_dim: int = 1
+
+    def __post_init__(self):
+        dims = (self.x_block_scaling_dim, self.w_block_scaling_dim, self.grad_block_scaling_dim)
+        if dims != (1, 2, 1):
+            raise NotImplementedError("BlockScaling: fp8mix implements DeepSeek-V3's layout, x_block_scaling_dim=1, "
+                                      f"w_block_scaling_dim=2, grad_block_scaling_dim=1; got {dims}")
+        super().__post_init__()
 
     def granularity(self, role: str) -> Granularity:
         return Granularity.BLOCK2D if role == "weight" else Granularity.BLOCK
@@ -232,6 +284,25 @@ class BlockScaling(_JustInTime):
 
 
 RECIPES = (DelayedScaling, CurrentScaling, BlockScaling)
+
+
+def _listing_init(cls) -> None:
+    """An unknown keyword is a TypeError that lists the recipe's fields (the dataclass one does not)."""
+    init = cls.__init__
+
+    def __init__(self, *args, **kwargs):
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = [k for k in kwargs if k not in names]
+        if unknown:
+            raise TypeError(f"{cls.__name__}: unknown field(s) {unknown}; the fields are {names}")
+        init(self, *args, **kwargs)
+
+    __init__.__doc__ = init.__doc__
+    cls.__init__ = __init__
+
+
+for _cls in RECIPES:
+    _listing_init(_cls)
 
 # Transformer Engine 2.x spellings
 Float8CurrentScaling = CurrentScaling

@@ -492,3 +492,31 @@ def test_delayed_amax_spike_saturates_one_step_then_recovers():
         assert s_after == ref_scale(amax_of(spike), Format.E4M3)
         q2 = fp8mix.quantize(spike, scale=s_after)
         assert (q2.data.float().abs() == 448).sum() <= 1  # next step: only the max itself
+
+
+# --------------------------------------------------------------------------------------
+# Transformer Engine's field names (issue #14)
+# --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("cls", [DelayedScaling, CurrentScaling, BlockScaling])
+def test_te_field_names_are_accepted(cls):
+    r = cls(use_power_2_scales=True, reduce_amax=False, fp8_dpa=False, fp8_mha=False)
+    assert r.power_2_scale is True and r.reduce_amax is False
+    assert cls(power_2_scale=True) == r.__class__(power_2_scale=True)
+    with pytest.raises(NotImplementedError, match="attention in FP8"):
+        cls(fp8_dpa=True)
+    with pytest.raises(NotImplementedError, match="attention in FP8"):
+        cls(fp8_mha=True)
+    with pytest.raises(TypeError, match=r"unknown field\(s\) \['amax_histroy_len'\]; the fields are \["):
+        cls(amax_histroy_len=8)
+
+
+def test_te_block_scaling_dims():
+    assert BlockScaling(x_block_scaling_dim=1, w_block_scaling_dim=2, grad_block_scaling_dim=1) == BlockScaling()
+    with pytest.raises(NotImplementedError, match="x_block_scaling_dim=1"):
+        BlockScaling(w_block_scaling_dim=1)
+    with pytest.raises(NotImplementedError, match="scaling_factor_compute_algo"):
+        DelayedScaling(scaling_factor_compute_algo=lambda *a: 1.0)
+
+
+def test_te_recipe_aliases_are_the_classes():
+    assert fp8mix.recipe.Float8CurrentScaling is CurrentScaling and fp8mix.recipe.Float8BlockScaling is BlockScaling

@@ -25,7 +25,8 @@ import time
 import pytest
 import torch
 
-from fp8mix import cli, demo
+from fp8mix.tools import cli
+from fp8mix.tools.demo import checkpoint
 
 # --eval-every 7 against --checkpoint-every 5: most checkpoints fall between validations, so
 # they hold delayed scaling's pending grad_output amaxes (an eval forward would record them).
@@ -117,7 +118,7 @@ def test_sigkill_and_resume_is_bit_identical(tmp_path, corpus):
         _kill_when(resumed, tmp_path, ck_log, run, step, tmp_path / f"kill{i}.txt")
         got = _log_lines(ck_log)
         assert got == ref[:len(got)], f"losses before the kill #{i} differ from the uninterrupted run"
-        done = [s for s, _ in demo.list_checkpoints(str(ck), run)]
+        done = [s for s, _ in checkpoint.list_checkpoints(str(ck), run)]
         assert done and max(done) < STEPS, f"{run} was not killed between checkpoints: {done}"
         assert len(done) <= 3  # the last 2 kept (a third only between rename and pruning)
         if i:  # the previous invocation resumed the previous kill's run mid-way
@@ -138,7 +139,7 @@ def test_sigkill_and_resume_is_bit_identical(tmp_path, corpus):
     assert _curves(tmp_path / "out_ck") == _curves(tmp_path / "out_ref")  # curves and FP8 counters, exactly
     assert not [n for n in os.listdir(ck) if ".tmp." in n]
     for run in RUNS.split(","):
-        assert [s for s, _ in demo.list_checkpoints(str(ck), run)] == [STEPS - 5, STEPS]
+        assert [s for s, _ in checkpoint.list_checkpoints(str(ck), run)] == [STEPS - 5, STEPS]
 
 
 # ---- a finished checkpointed run, reused by the tests below ---------------------------------
@@ -154,7 +155,7 @@ def finished(tmp_path_factory):
     r = _run(_cmd(corpus, d / "out", *SHORT, "--checkpoint-dir", str(d / "ck"), "--loss-log", str(d / "full.log")),
              d)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    assert [s for s, _ in demo.list_checkpoints(str(d / "ck"), "fp8-delayed")] == [15, 20]
+    assert [s for s, _ in checkpoint.list_checkpoints(str(d / "ck"), "fp8-delayed")] == [15, 20]
     return d
 
 
@@ -181,7 +182,7 @@ def test_complete_run_is_not_retrained(finished, tmp_path):
 
 def test_torn_temp_file_is_ignored(finished, tmp_path):
     ck = _copy(finished, tmp_path)
-    final = ck / demo.checkpoint_name("fp8-delayed", 20)
+    final = ck / checkpoint.checkpoint_name("fp8-delayed", 20)
     torn = ck / f".{final.name}.tmp.99999"  # a writer killed half-way through the last checkpoint
     torn.write_bytes(final.read_bytes()[: final.stat().st_size // 2])
     final.unlink()
@@ -196,7 +197,7 @@ def test_torn_temp_file_is_ignored(finished, tmp_path):
 
 def test_unreadable_newest_checkpoint_falls_back(finished, tmp_path):
     ck = _copy(finished, tmp_path)
-    final = ck / demo.checkpoint_name("fp8-delayed", 20)
+    final = ck / checkpoint.checkpoint_name("fp8-delayed", 20)
     final.write_bytes(final.read_bytes()[:1000])  # e.g. a disk that lost the tail
     r = _resume(finished, tmp_path)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
@@ -204,7 +205,7 @@ def test_unreadable_newest_checkpoint_falls_back(finished, tmp_path):
     assert "(step 15 of 20)" in r.stdout
     assert (tmp_path / "r.log").read_bytes() == (finished / "full.log").read_bytes()
     assert (ck / (final.name + ".unreadable")).exists()  # set aside, not deleted
-    assert [s for s, _ in demo.list_checkpoints(str(ck), "fp8-delayed")] == [15, 20]
+    assert [s for s, _ in checkpoint.list_checkpoints(str(ck), "fp8-delayed")] == [15, 20]
 
 
 def test_different_config_is_refused(finished, tmp_path):
@@ -238,13 +239,35 @@ def test_bad_checkpoint_options(args, capsys):
 
 def test_atomic_save_keeps_old_file_on_failure(tmp_path, monkeypatch):
     path = tmp_path / "a.pt"
-    demo.atomic_save({"v": 1}, str(path))
+    checkpoint.atomic_save({"v": 1}, str(path))
 
     def boom(*a):
         raise OSError("disk full")
 
-    monkeypatch.setattr(demo.os, "replace", boom)
+    monkeypatch.setattr(checkpoint.os, "replace", boom)
     with pytest.raises(OSError):
-        demo.atomic_save({"v": 2}, str(path))
+        checkpoint.atomic_save({"v": 2}, str(path))
     assert torch.load(path, weights_only=True) == {"v": 1}
     assert os.listdir(tmp_path) == ["a.pt"]  # no temp file left behind
+
+
+def test_seeds_checkpoint_and_resume_per_seed(tmp_path, corpus):
+    """With --seeds, every (variant, seed) run has its own checkpoints (<variant>-seed<S>)
+    and a finished demo resumed retrains nothing and reports the same curves."""
+    args = ["--recipes", "fp32,fp8-delayed", "--steps", "10", "--seeds", "2", "--checkpoint-every", "5",
+            "--checkpoint-dir", str(tmp_path / "ck")]
+    r = _run(_cmd(corpus, tmp_path / "out1", *args), tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    ids = ["fp32-seed0", "fp8-delayed-seed0", "fp32-seed1", "fp8-delayed-seed1"]
+    for run in ids:
+        assert [s for s, _ in checkpoint.list_checkpoints(str(tmp_path / "ck"), run)] == [5, 10], run
+    ck = torch.load(tmp_path / "ck" / checkpoint.checkpoint_name("fp32-seed1", 10), weights_only=True)
+    assert ck["config"]["seed"] == 1 and ck["config"]["run"] == "fp32-seed1"
+    r = _run(_cmd(corpus, tmp_path / "out2", *args, "--resume"), tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    for run in ids:
+        assert f"{run}: already complete" in r.stdout
+    runs1 = json.loads((tmp_path / "out1" / "results.json").read_text())["runs"]
+    runs2 = json.loads((tmp_path / "out2" / "results.json").read_text())["runs"]
+    assert [(x["run_id"], x["seed"], x["train_curve"], x["val_curve"]) for x in runs1] == \
+        [(x["run_id"], x["seed"], x["train_curve"], x["val_curve"]) for x in runs2]

@@ -2,8 +2,8 @@
 
 What is here:
 
-* data and models: a tiny byte-level GPT (fp8mix.demo.GPT, 2 layers) on the Python
-  standard library's own sources (fp8mix.demo.load_corpus(None): on every machine,
+* data and models: a tiny byte-level GPT (fp8mix.tools.demo.GPT, 2 layers) on the Python
+  standard library's own sources (fp8mix.tools.demo.load_corpus(None): on every machine,
   offline), and an MLP fitting a real photograph shipped inside matplotlib
   (``mpl-data/sample_data/grace_hopper.jpg``: pixel coordinates -> RGB, through fixed
   Fourier features). Every run of a comparison starts from the same initial weights and
@@ -39,9 +39,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import fp8mix
-from fp8mix import demo, grad_stats
+from fp8mix import grad_stats
 from fp8mix.formats import fp8_max
 from fp8mix.numerics import quant_stats
+from fp8mix.tools import demo
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))

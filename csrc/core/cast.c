@@ -16,11 +16,11 @@
 
 #define TC 4096 /* task width in columns (a multiple of FP8MIX_BLOCK) */
 #define TR 16   /* task height in rows, no transpose */
-#define TTR 64  /* task rows for cast+transpose (qt gets 64-byte row pieces) */
+#define TTR 64  /* task rows for cast+transpose (qt gets whole 64-byte lines) */
 #define TTC 512 /* task columns for cast+transpose (long contiguous reads of x) */
 #define TILE_LD (TTC + 16)
-#define TILET_LD (TTR + 8)
 #define CAST_GRAIN (1 << 17) /* elements per worker before threads pay off */
+#define STREAM_MIN (1 << 21) /* qt bytes from which it is streamed (beyond L2) */
 
 /* ---- scalar segment kernels ----------------------------------------------- */
 
@@ -105,6 +105,8 @@ typedef struct cast_job {
     fp8_params p;
     uint64_t seed, offset;
     int64_t tr, tc, ntr, ntc;
+    int reverse;            /* hand tasks out last first (see fp8mix_quantize_current) */
+    int stream;             /* qt is large: write it past the caches           */
     const fp8mix_kernels *k;
 } cast_job;
 
@@ -112,14 +114,15 @@ static void cast_task(void *ctx, int64_t task, int worker)
 {
     (void)worker;
     cast_job *J = (cast_job *)ctx;
+    if (J->reverse) task = J->ntr * J->ntc - 1 - task;
     int64_t r0 = (task / J->ntc) * J->tr, c0 = (task % J->ntc) * J->tc;
     int64_t r1 = r0 + J->tr < J->rows ? r0 + J->tr : J->rows;
     int64_t c1 = c0 + J->tc < J->cols ? c0 + J->tc : J->cols;
-    /* With a transpose, the tile is encoded into `tile`, transposed into `tileT`
-     * and both are copied out in whole rows.  The padded strides keep rows out of
-     * the same L1 sets; transposing straight between power-of-two strided
-     * tensors thrashes them. */
-    uint8_t tile[TTR * TILE_LD], tileT[TTC * TILET_LD];
+    /* With a transpose, the tile is encoded into `tile` (its padded stride keeps
+     * rows out of the same L1 sets), copied out to q in whole rows and
+     * transposed straight into qt, one 16-column group at a time, so that each
+     * line of qt is written whole before the next group. */
+    uint8_t tile[TTR * TILE_LD];
     int use_scratch = J->qt != NULL;
     uint32_t local = 0;
     for (int64_t i = r0; i < r1; i++) {
@@ -165,9 +168,8 @@ static void cast_task(void *ctx, int64_t task, int worker)
         if (J->q)
             for (int64_t i = r0; i < r1; i++)
                 memcpy(J->q + i * J->ld_q + c0, tile + (i - r0) * TILE_LD, (size_t)(c1 - c0));
-        fp8mix_transpose_u8(tile, TILE_LD, tileT, TILET_LD, r1 - r0, c1 - c0);
-        for (int64_t j = c0; j < c1; j++)
-            memcpy(J->qt + j * J->ld_qt + r0, tileT + (j - c0) * TILET_LD, (size_t)(r1 - r0));
+        fp8mix_transpose_u8_tile(tile, TILE_LD, J->qt + c0 * J->ld_qt + r0, J->ld_qt, r1 - r0, c1 - c0,
+                                 J->stream);
     }
     if (J->amax && !J->amax_only && !J->current) atomic_max_u32(J->amax, local);
 }
@@ -186,9 +188,12 @@ static void run_job(cast_job *J)
     J->ntr = ceil_div(J->rows, J->tr);
     J->ntc = ceil_div(J->cols, J->tc);
     J->k = fp8mix_kernels_active();
+    J->stream = J->qt && J->rows * J->cols >= STREAM_MIN;
     int64_t ntasks = J->ntr * J->ntc;
     if (ntasks == 0) return;
     int workers = fp8mix_workers_for(J->rows * J->cols * (J->p.stochastic ? 8 : 1), CAST_GRAIN);
+    if (J->q) fp8mix_prefault(J->q, (size_t)((J->rows - 1) * J->ld_q + J->cols), workers);
+    if (J->qt) fp8mix_prefault(J->qt, (size_t)((J->cols - 1) * J->ld_qt + J->rows), workers);
     fp8mix_parallel_for(ntasks, workers, cast_task, J);
 }
 
@@ -226,9 +231,15 @@ static void job_init(cast_job *J, const void *x, fp8mix_dtype xt, int64_t rows, 
 
 /* ---- entry points ---------------------------------------------------------- */
 
-fp8mix_status fp8mix_cast(const void *x, fp8mix_dtype xt, int64_t rows, int64_t cols, int64_t ld_x,
-                          fp8mix_granularity gran, const float *scale, uint8_t *q, int64_t ld_q,
-                          uint8_t *qt, int64_t ld_qt, float *amax, const fp8mix_cast_opts *opts)
+/* Task order of a cast pass: a pass that follows a full read of x (current
+ * scaling) goes backwards, so that it starts on the part of x that read left
+ * in the caches. */
+typedef enum task_order { ORDER_FORWARD, ORDER_REVERSE } task_order;
+
+static fp8mix_status cast_impl(const void *x, fp8mix_dtype xt, int64_t rows, int64_t cols, int64_t ld_x,
+                               fp8mix_granularity gran, const float *scale, uint8_t *q, int64_t ld_q,
+                               uint8_t *qt, int64_t ld_qt, float *amax, const fp8mix_cast_opts *opts,
+                               task_order order)
 {
     if (!opts) return FP8MIX_ERR_NULL_POINTER;
     fp8mix_status st = common_checks(x, xt, rows, cols, ld_x, gran);
@@ -251,9 +262,17 @@ fp8mix_status fp8mix_cast(const void *x, fp8mix_dtype xt, int64_t rows, int64_t 
     J.fmt = opts->fmt;
     J.seed = opts->seed;
     J.offset = opts->offset;
+    J.reverse = order == ORDER_REVERSE;
     run_job(&J);
     if (amax) *amax = amax_from_bits(atomic_load(&am));
     return FP8MIX_OK;
+}
+
+fp8mix_status fp8mix_cast(const void *x, fp8mix_dtype xt, int64_t rows, int64_t cols, int64_t ld_x,
+                          fp8mix_granularity gran, const float *scale, uint8_t *q, int64_t ld_q,
+                          uint8_t *qt, int64_t ld_qt, float *amax, const fp8mix_cast_opts *opts)
+{
+    return cast_impl(x, xt, rows, cols, ld_x, gran, scale, q, ld_q, qt, ld_qt, amax, opts, ORDER_FORWARD);
 }
 
 /* Per-granularity amax into an atomic bits array (n entries, zeroed here). */
@@ -352,7 +371,7 @@ fp8mix_status fp8mix_quantize_current(const void *x, fp8mix_dtype xt, int64_t ro
         /* sc holds amax; turn it into scales in place after saving amax */
         if (amax_out) memcpy(amax_out, sc, (size_t)n * sizeof(float));
         fp8mix_compute_scale(sc, n, opts->fmt, margin, pow2, amax_epsilon, sc, inv);
-        st = fp8mix_cast(x, xt, rows, cols, ld_x, gran, sc, q, ld_q, qt, ld_qt, NULL, opts);
+        st = cast_impl(x, xt, rows, cols, ld_x, gran, sc, q, ld_q, qt, ld_qt, NULL, opts, ORDER_REVERSE);
     }
     if (fused && amax_out) memcpy(amax_out, sc, (size_t)n * sizeof(float));
     if (scale_inv && st == FP8MIX_OK) memcpy(scale_inv, inv, (size_t)n * sizeof(float));
@@ -404,6 +423,8 @@ fp8mix_status fp8mix_dequantize(const uint8_t *q, fp8mix_format fmt, int64_t row
     dq_job J = {q, rows, cols, ld_q, ld_out, gran, scale_inv, fp8mix_decode_table(fmt),
                 (uint8_t *)out, out_t, dtype_size(out_t), ceil_div(cols, TC), fp8mix_kernels_active()};
     int64_t ntasks = ceil_div(rows, TR) * J.ntc;
-    fp8mix_parallel_for(ntasks, fp8mix_workers_for(rows * cols, CAST_GRAIN), dq_task, &J);
+    int workers = fp8mix_workers_for(rows * cols, CAST_GRAIN);
+    fp8mix_prefault(out, (size_t)((rows - 1) * ld_out + cols) * J.esz, workers);
+    fp8mix_parallel_for(ntasks, workers, dq_task, &J);
     return FP8MIX_OK;
 }

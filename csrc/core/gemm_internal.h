@@ -1,7 +1,8 @@
 /*
- * gemm_internal.h — what gemm.c shares with its per-ISA microkernels and the
- * C tests: the microkernel contract, the packed-panel layouts, the scalar
- * reference.  Not installed, not part of the API.
+ * gemm_internal.h — what the GEMM files (gemm.c, gemm_blocked.c,
+ * gemm_fp22.c, x86/gemm_*.c), dispatch.c and the C tests share: the
+ * microkernel and packing contracts, the packed-panel layouts, the shared
+ * epilogue, the scalar reference.  Not installed, not part of the API.
  *
  * Canonical summation order (every variant, every ISA, every thread count):
  * inside a K run the products are added to the float32 accumulator in PAIRS
@@ -10,15 +11,17 @@
  * x + 0 == x).  This is the order AVX512_BF16's vdpbf16ps uses (odd element
  * first, each add rounded), so the bf16 kernel can match the float32 ones.
  * Every product of two FP8 values is exact in float32, so FMA and mul+add
- * give the same sums.
+ * give the same sums.  A K run is never split between threads or tiles, so
+ * the order cannot depend on the thread count.
  *
- * Packed panels (built by gemm.c, padded with zeros, 64-byte aligned):
+ * Packed panels (built by the pack functions below, zero padded):
  *   float32 kernels: k-steps are stored pair-swapped, slot t holds k = t ^ 1
  *     A micro-panel  kc x MR floats:  a[t * MR + r]
  *     B sliver       kc x NR floats:  b[t * NR + c]
  *   bf16 kernels: one uint32 per (pair q, row/col) = bf16(k=2q) | bf16(k=2q+1) << 16
  *     A micro-panel  kc/2 x MR words: a[q * MR + r]
  *     B sliver       kc/2 x NR words: b[q * NR + c]
+ *   (kc rounded up to even; every FP8 value is exact in float32 and bf16).
  */
 #ifndef FP8MIX_GEMM_INTERNAL_H
 #define FP8MIX_GEMM_INTERNAL_H
@@ -36,16 +39,30 @@ typedef void (*fp8mix_gemm_ukernel_fn)(int64_t kc, const void *a, const void *b,
                                        float *c, int64_t ldc, int load_c,
                                        const float *rs);
 
+/* Packing: decode FP8 bytes into a w-wide panel of kc k-steps (layout above,
+ * float32 or bf16 pairs), rows/columns nv .. w-1 and k-steps kc .. even(kc)-1
+ * zero.  Element (r, k), r < nv <= w, k < kc, is read from
+ *   pack_krows:  src[r * ld + k]   (k contiguous: row-major A, B as N x K)
+ *   pack_kcols:  src[k * ld + r]   (r contiguous: B as K x N)
+ * Every variant writes the same bits as the scalar one. */
+typedef void (*fp8mix_gemm_pack_fn)(const uint8_t *src, int64_t ld, int nv, int w, int64_t kc,
+                                    fp8mix_format fmt, int bf16, void *dst);
+
 typedef struct fp8mix_gemm_ukernel {
     int mr, nr;            /* tile; nr divides 128 (block scales) */
     int bf16;              /* packed panels hold bf16 pairs       */
     fp8mix_gemm_ukernel_fn fn;
+    fp8mix_gemm_pack_fn pack_krows, pack_kcols;
     const char *name;
 } fp8mix_gemm_ukernel;
 
 void fp8mix_gemm_ukernel_f32_4x16__scalar(int64_t kc, const void *a, const void *b,
                                           float *c, int64_t ldc, int load_c,
                                           const float *rs);
+void fp8mix_gemm_pack_krows__scalar(const uint8_t *src, int64_t ld, int nv, int w, int64_t kc,
+                                    fp8mix_format fmt, int bf16, void *dst);
+void fp8mix_gemm_pack_kcols__scalar(const uint8_t *src, int64_t ld, int nv, int w, int64_t kc,
+                                    fp8mix_format fmt, int bf16, void *dst);
 #if defined(__x86_64__) || defined(_M_X64)
 void fp8mix_gemm_ukernel_f32_6x16__avx2(int64_t kc, const void *a, const void *b,
                                         float *c, int64_t ldc, int load_c,
@@ -57,13 +74,51 @@ void fp8mix_gemm_ukernel_bf16_14x32__avx512bf16(int64_t kc, const void *a,
                                                 const void *b, float *c,
                                                 int64_t ldc, int load_c,
                                                 const float *rs);
+void fp8mix_gemm_pack_krows__avx2(const uint8_t *src, int64_t ld, int nv, int w, int64_t kc,
+                                  fp8mix_format fmt, int bf16, void *dst);
+void fp8mix_gemm_pack_kcols__avx2(const uint8_t *src, int64_t ld, int nv, int w, int64_t kc,
+                                  fp8mix_format fmt, int bf16, void *dst);
 /* Nonzero when gemm_avx512bf16.c was compiled with AVX512_BF16 support. */
 extern const int fp8mix_gemm_have_avx512bf16;
 #endif
 
-/* The microkernel the active ISA uses (never NULL).  The bf16 kernel is used
- * only after a one-time probe showed it bit-identical to the float32 one. */
+/* The microkernel (and its packing) the active ISA uses, never NULL; chosen
+ * in dispatch.c.  The bf16 kernel is used only after a one-time probe showed
+ * it bit-identical to the float32 one, and a timing showed it faster. */
 const fp8mix_gemm_ukernel *fp8mix_gemm_ukernel_active(void);
+/* Every microkernel this build and CPU can run (whatever the ISA limit),
+ * scalar first: up to max into out; returns the count.  For tests. */
+int fp8mix_gemm_ukernels(const fp8mix_gemm_ukernel **out, int max);
+
+/* ---- shared by the drivers (gemm.c) ------------------------------------ */
+
+/* Byte of A at (row i, k = p) in either layout. */
+static inline uint8_t fp8mix_gemm_a_at(const fp8mix_gemm_args *g, int64_t i, int64_t p)
+{
+    return g->a_layout == FP8MIX_A_MK ? g->a[i * g->lda + p] : g->a[p * g->lda + i];
+}
+
+/* Byte of B at (k = p, column j) in either layout. */
+static inline uint8_t fp8mix_gemm_b_at(const fp8mix_gemm_args *g, int64_t p, int64_t j)
+{
+    return g->b_layout == FP8MIX_B_KN ? g->b[p * g->ldb + j] : g->b[j * g->ldb + p];
+}
+
+/* BLOCK scales: the float32 factor of K block kb for element (i, j). */
+float fp8mix_gemm_block_scale(const fp8mix_gemm_args *g, int64_t i, int64_t kb, int64_t j);
+
+/* Epilogue of rows i0 .. i0+rows-1, n outputs each from column j0: vals
+ * (row stride ldv) are the float32 sums (TENSOR / OUTER) or block
+ * accumulators (BLOCK); they may be overwritten, and may be the float32
+ * output itself (in place). */
+void fp8mix_gemm_epilogue(const fp8mix_gemm_args *g, int64_t i0, int64_t rows, int64_t j0, int64_t n, float *vals,
+                          int64_t ldv);
+
+/* The drivers, called by fp8mix_gemm after the argument checks (m, n > 0);
+ * fp8mix_gemm_blocked_with runs a given microkernel (tests). */
+fp8mix_status fp8mix_gemm_blocked(const fp8mix_gemm_args *g);
+fp8mix_status fp8mix_gemm_blocked_with(const fp8mix_gemm_args *g, const fp8mix_gemm_ukernel *uk);
+fp8mix_status fp8mix_gemm_fp22(const fp8mix_gemm_args *g);
 
 /* The scalar reference: a plain loop over (i, j, k) implementing the exact
  * rules of fp8mix_gemm (see gemm.c).  Same checks and status codes.  The

@@ -89,7 +89,13 @@ void fp8mix_transpose_u8_ref(const uint8_t *src, int64_t ld_src, uint8_t *dst, i
 #if FP8MIX_X86
 void fp8mix_transpose_u8_sse2(const uint8_t *src, int64_t ld_src, uint8_t *dst, int64_t ld_dst, int64_t rows,
                               int64_t cols);
+void fp8mix_transpose_u8_lines_sse2(const uint8_t *src, int64_t ld_src, uint8_t *dst, int64_t ld_dst, int64_t rows,
+                                    int64_t cols, int stream);
 #endif
+/* The cast+transpose tile: like fp8mix_transpose_u8, writing each destination
+ * row's piece whole (streamed past the caches when `stream`). */
+void fp8mix_transpose_u8_tile(const uint8_t *src, int64_t ld_src, uint8_t *dst, int64_t ld_dst, int64_t rows,
+                              int64_t cols, int stream);
 
 /* Random words rng_index .. rng_index + n - 1 into r[0..n). */
 void fp8mix_random_words(uint64_t seed, uint64_t offset_plus_index, int64_t n,
@@ -100,12 +106,16 @@ void fp8mix_random_words(uint64_t seed, uint64_t offset_plus_index, int64_t n,
  * threads (the calling thread is worker 0).  Tasks are handed out in order
  * from an atomic counter; fn must not depend on which worker runs a task
  * except through the worker index it is given (for per-worker scratch or
- * partial results).  Returns the number of workers actually used, or a
- * negative value when thread creation failed (then everything ran on the
- * calling thread and all tasks still ran). */
+ * partial results).  Returns the number of workers actually used, or minus
+ * that number when fewer threads than asked could be started (all tasks still
+ * ran).  Runs on a persistent pool (parallel.c). */
 typedef void (*fp8mix_task_fn)(void *ctx, int64_t task, int worker);
 int fp8mix_parallel_for(int64_t ntasks, int workers, fp8mix_task_fn fn,
                         void *ctx);
+
+/* Fault in the pages of an output buffer of `bytes` at p before it is written
+ * (large, not yet resident buffers only; contents unchanged; see prefault.c). */
+void fp8mix_prefault(void *p, size_t bytes, int workers);
 
 /* Workers worth using for `work` units of at least `grain` each. */
 int fp8mix_workers_for(int64_t work, int64_t grain);

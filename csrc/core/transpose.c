@@ -1,7 +1,8 @@
 /*
  * transpose.c — byte-matrix transpose (dst[j][i] = src[i][j]) for the
  * cast+transpose path: the scalar reference, and the dispatch to the SSE2
- * 8x8-tile kernel on x86-64 (SSE2 is part of the x86-64 baseline).
+ * kernels on x86-64 (SSE2 is part of the x86-64 baseline): 16x16 / 8x8
+ * tiles, and the whole-line variant the cast tasks use.
  */
 #include "internal.h"
 
@@ -24,4 +25,19 @@ void fp8mix_transpose_u8(const uint8_t *src, int64_t ld_src, uint8_t *dst, int64
 #else
     fp8mix_transpose_u8_ref(src, ld_src, dst, ld_dst, rows, cols);
 #endif
+}
+
+void fp8mix_transpose_u8_tile(const uint8_t *src, int64_t ld_src, uint8_t *dst, int64_t ld_dst, int64_t rows,
+                              int64_t cols, int stream)
+{
+#if FP8MIX_X86
+    if (rows % 16 == 0 && rows <= 64) {
+        int64_t c16 = cols & ~(int64_t)15;
+        fp8mix_transpose_u8_lines_sse2(src, ld_src, dst, ld_dst, rows, c16, stream);
+        fp8mix_transpose_u8(src + c16, ld_src, dst + c16 * ld_dst, ld_dst, rows, cols - c16);
+        return;
+    }
+#endif
+    (void)stream;
+    fp8mix_transpose_u8(src, ld_src, dst, ld_dst, rows, cols);
 }

@@ -82,10 +82,15 @@
  *   Scale arrays are dense row-major.  Tiles at the right/bottom edge are
  *   partial.
  *
- * Threads
- *   Large calls split across threads (POSIX threads, created per call, joined
- *   before returning).  fp8mix_set_num_threads sets the count; results are
- *   bit-identical for every thread count and ISA.
+ * Threads and memory
+ *   Large calls split across threads: a pool of POSIX threads, started on
+ *   first use, growing to the largest count asked for, idle threads asleep
+ *   (after a short spin), rebuilt empty in a forked child; a call made while
+ *   another thread's call holds the pool runs on its own thread.
+ *   fp8mix_set_num_threads sets the count; results are bit-identical for
+ *   every thread count and ISA.  fp8mix_gemm keeps one packing workspace
+ *   (at most 24 MiB; about 2.5 MiB for float32 outputs) between calls, so
+ *   that repeated calls neither allocate nor page-fault it.
  */
 #ifndef FP8MIX_H
 #define FP8MIX_H
@@ -345,6 +350,15 @@ typedef enum fp8mix_b_layout {
                          B(p, j) = b[j * ldb + p]  (torch: w.t())           */
 } fp8mix_b_layout;
 
+/* Layout of A (M x K).  FP8MIX_A_KM reads a row-major K x M matrix as A, so
+ * that a product with a transposed operand (wgrad: dy^T x) needs no
+ * transposed copy of it. */
+typedef enum fp8mix_a_layout {
+    FP8MIX_A_MK = 0,  /* row-major M x K:    A(i, p) = a[i * lda + p]        */
+    FP8MIX_A_KM = 1   /* column-major M x K, i.e. a row-major K x M matrix:
+                         A(i, p) = a[p * lda + i]  (torch: t.t())           */
+} fp8mix_a_layout;
+
 /* Scale layouts of the GEMM operands (scales are dequantisation factors,
  * i.e. the operands' scale_inv). */
 typedef enum fp8mix_mm_scale {
@@ -363,7 +377,7 @@ typedef enum fp8mix_accum {
 
 typedef struct fp8mix_gemm_args {
     int64_t m, n, k;                 /* all >= 1 (0 allowed: empty output)    */
-    const uint8_t *a;                /* M x K row-major, row stride lda        */
+    const uint8_t *a;                /* M x K in layout a_layout, stride lda   */
     fp8mix_format fmt_a;
     int64_t lda;
     const uint8_t *b;                /* K x N in layout b_layout, stride ldb   */
@@ -382,6 +396,8 @@ typedef struct fp8mix_gemm_args {
     fp8mix_accum accum;
     int64_t promote_interval;        /* FP22 only: products per promotion to
                                         float32 (e.g. 128); 0 = never promote */
+    fp8mix_a_layout a_layout;        /* last, so that zero-filled args keep
+                                        the row-major default                 */
 } fp8mix_gemm_args;
 
 /* out = (A * scale_a) @ (B * scale_b) + bias.

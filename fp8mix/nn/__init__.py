@@ -8,7 +8,7 @@ models to and from them, and activation-checkpointing support.
     checkpoint        torch.utils.checkpoint for fp8mix models (Transformer Engine's spelling)
     FP8StateMixin     the per-module FP8 state every fp8mix module shares
 """
-from .checkpoint import checkpoint
+from .recompute import checkpoint
 from .conv1d import Conv1D
 from .convert import convert_model, load_fp8_state, strip_fp8_state, unconvert_model
 from .fp8_state import FP8StateMixin

@@ -6,7 +6,7 @@ cast, and call the autograd function.
                records amaxes, reserves its backward's slot, advances the random stream
     read-only  no_grad / inference_mode / eval(): reads the FP8 state, writes nothing
     replay     a non-reentrant checkpoint's recompute: repeats the original forward's
-               plan (fp8mix.nn.checkpoint), writes nothing
+               plan (fp8mix.nn.recompute), writes nothing
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from ..formats import Format, Granularity, fp8_dtype
 from . import _casts
 from ._casts import Plan, all_reduce_max, cast_input, cast_weight, delayed_spec, python_algo_scale
 from ._function import FP8LinearFunction
-from .checkpoint import in_recompute, under_saved_tensor_hooks
+from .recompute import in_recompute, under_saved_tensor_hooks
 from .observe import auto_forward, monitor_forward
 
 __all__ = ["fp8_forward", "reduce_group", "hp_out_dtype"]
@@ -193,7 +193,8 @@ def _make_plan(m, x2, weight, frame, replay, recompute: bool, layout: str, is_fi
     if replay is not None:
         recipe, group, monitor, record = replay.recipe, replay.group, None, False
     else:
-        recipe, group, monitor = frame.recipe, reduce_group(frame.group), frame.monitor
+        recipe, monitor = frame.recipe, frame.monitor
+        group = reduce_group(frame.group) if recipe.reduce_amax else None
         record = (torch.is_grad_enabled() and m.training) or frame.calibrating
         if not record:
             m._nograd_frame = frame  # for a reentrant checkpoint's recompute of this forward

@@ -164,8 +164,16 @@ def unconvert_model(model: nn.Module) -> nn.Module:
 
 def strip_fp8_state(state_dict: dict) -> dict:
     """A copy of `state_dict` without fp8mix's FP8 state entries: what the plain (not
-    converted) model loads with ``strict=True``."""
-    return type(state_dict)((k, v) for k, v in state_dict.items() if k.rsplit(".", 1)[-1] not in FP8_STATE_KEYS)
+    converted) model loads with ``strict=True``. Only entries of fp8mix modules go: those
+    under a prefix that has the FP8 state's core buffers (fp8_amax_history, fp8_scale,
+    fp8_steps); a buffer of another module that happens to share a name stays."""
+    def prefix(k: str) -> str:
+        return k.rsplit(".", 1)[0] + "." if "." in k else ""
+
+    fp8_prefixes = {prefix(k) for k in state_dict if k.endswith("fp8_amax_history")}
+    fp8_prefixes = {p for p in fp8_prefixes if all(p + c in state_dict for c in FP8_STATE_KEYS[:3])}
+    return type(state_dict)((k, v) for k, v in state_dict.items()
+                            if not (prefix(k) in fp8_prefixes and k.rsplit(".", 1)[-1] in FP8_STATE_KEYS))
 
 
 def _read_checkpoint(source) -> dict:

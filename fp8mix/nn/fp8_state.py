@@ -43,7 +43,7 @@ import torch
 from .. import auto_format
 from ..formats import Format
 from ..recipe import ROLES, role_format
-from .checkpoint import ReplayQueue
+from .recompute import ReplayQueue
 
 __all__ = ["FP8StateMixin", "HISTORY_CAPACITY", "GRAD_SLOTS", "FP8_STATE_KEYS"]
 

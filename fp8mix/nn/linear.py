@@ -9,7 +9,7 @@ Outside fp8_autocast it is nn.Linear, bit for bit. Inside, x and W are cast to F
 keeps, and dy is cast once into dy and dy^T (with the bias gradient's column sums).
 Master weights, bias, gradients and outputs stay in high precision. The FP8 state (amax
 histories, scales, ...) is fp8mix.nn.fp8_state's; the casts per recipe are
-fp8mix.nn._casts'; checkpointing is fp8mix.nn.checkpoint's.
+fp8mix.nn._casts'; checkpointing is fp8mix.nn.recompute's.
 
 Gradient accumulation: ``layer(x, is_first_microbatch=True)`` casts and keeps the FP8
 weight, ``False`` reuses it (no re-cast, no amax record) — Transformer Engine's

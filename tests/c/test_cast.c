@@ -16,6 +16,10 @@
 
 static const fp8mix_isa ISAS[] = {FP8MIX_ISA_AVX2, FP8MIX_ISA_AVX512};
 
+/* Runs of each SIMD level compared with the scalar path (issue #13: a sweep
+ * that compared nothing must say so, and fail where a variant should have run). */
+static long compared[FP8MIX_ISA_AVX512BF16 + 1];
+
 static void test_philox(void)
 {
     /* Known-answer vectors of Random123 (kat_vectors, philox4x32_10). */
@@ -80,6 +84,7 @@ static void run_seg(fp8mix_isa isa, const void *x, fp8mix_dtype xt, int64_t n, f
                     uint8_t *q, uint32_t *amax, const fp8_params *p, uint64_t seed, uint64_t start)
 {
     fp8mix_set_max_isa(isa);
+    compared[fp8mix_active_isa()]++;
     fp8mix_kernels_active()->cast_seg(x, xt, n, scale, q, amax, p, seed, start);
 }
 
@@ -137,16 +142,62 @@ static void test_simd_sweep(void)
     free(got);
 }
 
+/* The values where encoders go wrong, through every SIMD level's fast and
+ * general loops: every FP8 value of both formats, the midpoints between
+ * neighbours (ties) and the float32 values next to those, +-0, +-inf, NaNs,
+ * float32 extremes and denormals. */
+static void test_simd_specials(void)
+{
+    enum { MAXN = 8192 };
+    float *xs = malloc(MAXN * sizeof(float));
+    uint8_t ref[MAXN], got[MAXN];
+    int n = 0;
+    for (int f = 0; f < 2; f++)
+        for (int c = 0; c < 255; c++) {
+            float v = fp8mix_decode_ref((uint8_t)c, (fp8mix_format)f), w = fp8mix_decode_ref((uint8_t)(c + 1), (fp8mix_format)f);
+            if (!isfinite(v)) continue;
+            float mid = isfinite(w) && (c & 0x7F) != 0x7F ? v + (w - v) * 0.5f : v * 1.03125f;
+            float cand[] = {v, nextafterf(v, INFINITY), nextafterf(v, -INFINITY), mid, nextafterf(mid, INFINITY),
+                            nextafterf(mid, -INFINITY)};
+            for (int k = 0; k < 6; k++) xs[n++] = cand[k];
+        }
+    const float extra[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, -NAN, bits_f32(0x7F800001u), bits_f32(0xFFC00123u),
+                           FLT_MAX, -FLT_MAX, FLT_MIN, -FLT_MIN, bits_f32(1u), bits_f32(0x80000001u), 464.0f, 480.0f,
+                           61440.0f, 65536.0f, 1e30f};
+    for (size_t k = 0; k < sizeof extra / sizeof extra[0]; k++) xs[n++] = extra[k];
+    long bad = 0;
+    for (int f = 0; f < 2; f++)
+        for (int sat = 0; sat < 3; sat++)
+            for (int sr = 0; sr < 2; sr++) {
+                fp8mix_cast_opts o = {(fp8mix_format)f, sat > 0, sr ? FP8MIX_ROUND_STOCHASTIC : FP8MIX_ROUND_NEAREST,
+                                      11, 0, sat == 2};
+                fp8_params p;
+                fp8_params_init(&p, &o);
+                uint32_t am_ref = 0;
+                run_seg(FP8MIX_ISA_SCALAR, xs, FP8MIX_F32, n, 1.0f, ref, &am_ref, &p, 11, 0);
+                for (size_t k = 0; k < sizeof ISAS / sizeof ISAS[0]; k++) {
+                    if (fp8mix_cpu_isa() < ISAS[k]) continue;
+                    uint32_t am = 0;
+                    run_seg(ISAS[k], xs, FP8MIX_F32, n, 1.0f, got, &am, &p, 11, 0);
+                    for (int i = 0; i < n; i++) bad += got[i] != ref[i];
+                    bad += am != am_ref;
+                }
+            }
+    CHECK(bad == 0 && n > 3000, "%ld special-value codes differ between SIMD and scalar (of %d values)", bad, n);
+    free(xs);
+}
+
 /* inf_to_nan: an infinite input gives NaN (sign kept) on every ISA and for
  * every rounding, while a finite value whose PRODUCT overflows still saturates,
  * and NaN stays NaN.  Expected bytes written from the header's rules. */
 static void test_inf_to_nan(void)
 {
-    enum { N = 37 }; /* not a multiple of any vector width: tails too */
+    enum { N = 137 }; /* the 32/64-wide fast loops, then a tail */
     const float big = 3.0e38f;
     float x[N];
     for (int i = 0; i < N; i++) x[i] = (float)(i % 5) - 2.0f;
     x[0] = INFINITY; x[5] = -INFINITY; x[9] = NAN; x[17] = big; x[18] = -big; x[33] = INFINITY; x[36] = -INFINITY;
+    x[130] = INFINITY; x[133] = -INFINITY; /* in the tail */
     for (int f = 0; f < 2; f++)
         for (int sr = 0; sr < 2; sr++) {
             const uint8_t nan = f == 0 ? 0x7F : 0x7E, mx = f == 0 ? 0x7E : 0x7B;
@@ -159,8 +210,10 @@ static void test_inf_to_nan(void)
                 uint8_t q[N];
                 uint32_t am = 0;
                 run_seg(isa, x, FP8MIX_F32, N, 10.0f, q, &am, &p, 5, 0); /* 10 * 3e38 overflows float32 */
-                CHECK(q[0] == nan && q[33] == nan, "%s: +inf -> 0x%02x/0x%02x", fp8mix_isa_name(isa), q[0], q[33]);
-                CHECK(q[5] == (nan | 0x80) && q[36] == (nan | 0x80), "%s: -inf -> 0x%02x", fp8mix_isa_name(isa), q[5]);
+                CHECK(q[0] == nan && q[33] == nan && q[130] == nan, "%s: +inf -> 0x%02x/0x%02x/0x%02x",
+                      fp8mix_isa_name(isa), q[0], q[33], q[130]);
+                CHECK(q[5] == (nan | 0x80) && q[36] == (nan | 0x80) && q[133] == (nan | 0x80), "%s: -inf -> 0x%02x",
+                      fp8mix_isa_name(isa), q[5]);
                 CHECK((q[9] & 0x7F) == nan, "%s: NaN -> 0x%02x", fp8mix_isa_name(isa), q[9]);
                 CHECK(q[17] == mx && q[18] == (mx | 0x80), "%s: finite overflow -> 0x%02x/0x%02x (saturate)",
                       fp8mix_isa_name(isa), q[17], q[18]);
@@ -208,6 +261,7 @@ static void test_half_inputs(void)
             for (size_t k = 0; k < 2; k++) {
                 if (fp8mix_cpu_isa() < ISAS[k]) continue;
                 fp8mix_set_max_isa(ISAS[k]);
+                compared[fp8mix_active_isa()]++;
                 fp8mix_kernels_active()->dequant_seg(codes, 259, fp8mix_decode_table((fp8mix_format)f), 0.75f,
                                                      o_got, (fp8mix_dtype)t);
                 CHECK(!memcmp(o_ref, o_got, 259 * dtype_size((fp8mix_dtype)t)), "dequant fmt %d type %d isa %d",
@@ -348,6 +402,83 @@ static void test_transpose(void)
             bad += memcmp(ref, got, sizeof ref) != 0;
         }
     CHECK(bad == 0, "%ld transpose shapes differ from the reference", bad);
+    /* the whole-line tile of cast+transpose, plain and streamed, into an
+     * aligned and a misaligned destination */
+    enum { TR = 64, TC = 70, LDS = 75, LDD = 80 };
+    uint8_t *s2 = malloc(TR * LDS), *r2 = malloc(TC * LDD + 16), *g2 = malloc(TC * LDD + 16);
+    for (int i = 0; i < TR * LDS; i++) s2[i] = (uint8_t)(i * 101 + 7);
+    bad = 0;
+    for (int rows = 0; rows <= TR; rows += 8)
+        for (int cols = 0; cols <= TC; cols += 9)
+            for (int stream = 0; stream < 2; stream++)
+                for (int off = 0; off < 2; off++) {
+                    memset(r2, 0xAA, TC * LDD + 16);
+                    memset(g2, 0xAA, TC * LDD + 16);
+                    fp8mix_transpose_u8_ref(s2, LDS, r2 + off, LDD, rows, cols);
+                    fp8mix_transpose_u8_tile(s2, LDS, g2 + off, LDD, rows, cols, stream);
+                    bad += memcmp(r2, g2, TC * LDD + 16) != 0;
+                }
+    CHECK(bad == 0, "%ld transpose tiles differ from the reference", bad);
+    free(s2); free(r2); free(g2);
+}
+
+/* cast+transpose on a tensor large enough for the streamed qt, several threads */
+static void test_big_transpose(void)
+{
+    const int64_t R = 1000, C = 2304;
+    float *x = malloc(sizeof(float) * R * C);
+    uint32_t s = 3;
+    for (int64_t i = 0; i < R * C; i++) x[i] = urand(&s) * 500.0f;
+    uint8_t *q = malloc(R * C), *qt = malloc(R * C);
+    float sc = 0.75f;
+    fp8mix_cast_opts o = {FP8MIX_E4M3, 1, FP8MIX_ROUND_NEAREST, 0, 0, 0};
+    CHECK(fp8mix_cast(x, FP8MIX_F32, R, C, C, FP8MIX_GRAN_TENSOR, &sc, q, C, qt, R, NULL, &o) == FP8MIX_OK, "big");
+    long bad = 0, badt = 0;
+    for (int64_t i = 0; i < R; i++)
+        for (int64_t j = 0; j < C; j++) {
+            bad += q[i * C + j] != fp8mix_encode_ref(x[i * C + j] * sc, FP8MIX_E4M3, 1, FP8MIX_ROUND_NEAREST, 0);
+            badt += qt[j * R + i] != q[i * C + j];
+        }
+    CHECK(bad == 0 && badt == 0, "big cast+transpose: %ld wrong, %ld wrong in qt", bad, badt);
+    free(x); free(q); free(qt);
+}
+
+static int parse_isa_name(const char *s)
+{
+    for (int i = FP8MIX_ISA_SCALAR; i <= FP8MIX_ISA_AVX512BF16; i++)
+        if (!strcmp(s, fp8mix_isa_name((fp8mix_isa)i))) return i;
+    return -1;
+}
+
+/* What the SIMD comparisons covered; fails when a level this CPU has (by an
+ * independent CPUID check) compared nothing, or when FP8MIX_EXPECT_ISA names
+ * a level the detected one is below (CI machines of a known kind). */
+static void report_coverage(void)
+{
+    fp8mix_isa best = fp8mix_cpu_isa();
+    printf("SIMD variants compared with the scalar path:");
+    for (size_t k = 0; k < sizeof ISAS / sizeof ISAS[0]; k++) {
+        if (ISAS[k] > best) {
+            printf(" %s (not on this CPU)", fp8mix_isa_name(ISAS[k]));
+            continue;
+        }
+        printf(" %s (%ld runs)", fp8mix_isa_name(ISAS[k]), compared[ISAS[k]]);
+        CHECK(compared[ISAS[k]] > 0, "%s is available but no comparison ran on it", fp8mix_isa_name(ISAS[k]));
+    }
+    printf("%s\n", best < FP8MIX_ISA_AVX2 ? " -- none: scalar only" : "");
+#if FP8MIX_X86 && (defined(__GNUC__) || defined(__clang__))
+    __builtin_cpu_init();
+    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    int avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                 __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+    CHECK(!avx2 || best >= FP8MIX_ISA_AVX2, "the CPU has AVX2 but fp8mix detected %s", fp8mix_isa_name(best));
+    CHECK(!avx512 || best >= FP8MIX_ISA_AVX512, "the CPU has AVX-512 but fp8mix detected %s", fp8mix_isa_name(best));
+#endif
+    const char *want = getenv("FP8MIX_EXPECT_ISA");
+    if (want) {
+        int w = parse_isa_name(want);
+        CHECK(w >= 0 && (int)best >= w, "FP8MIX_EXPECT_ISA=%s but this CPU runs %s", want, fp8mix_isa_name(best));
+    }
 }
 
 int main(void)
@@ -357,9 +488,12 @@ int main(void)
     test_philox();
     test_encode_ref();
     test_simd_sweep();
+    test_simd_specials();
     test_inf_to_nan();
     test_half_inputs();
     test_entry_points();
+    test_big_transpose();
     test_compute_scale();
+    report_coverage();
     return check_report("test_cast");
 }

@@ -1,9 +1,11 @@
 /*
  * test_gemm.c — the scaled FP8 GEMM (fp8mix_gemm) against a float64 oracle
  * computed here from fp8mix_decode_ref, and against the scalar reference
- * fp8mix_gemm_ref bit for bit on every ISA this CPU has and for 1 and 2
- * threads.  Also: the FP22 accumulation model (error grows without
- * promotion, stays bounded with it), NaN/inf propagation, bad arguments.
+ * fp8mix_gemm_ref bit for bit on every ISA this CPU has and for 1 to 4
+ * threads; the packing of every ISA against its definition (the decode
+ * table) over every byte.  Also: the FP22 accumulation model (error grows
+ * without promotion, stays bounded with it), NaN/inf propagation, bad
+ * arguments, and a report of which microkernels were compared.
  */
 #include <math.h>
 #include <stdint.h>
@@ -13,6 +15,9 @@
 #include "check.h"
 #include "fp8mix.h"
 #include "gemm_internal.h"
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 static uint32_t rnd(void)
@@ -50,6 +55,9 @@ static int64_t nscale(fp8mix_mm_scale kind, int64_t rows, int64_t k, int64_t n, 
     return is_a ? rows * nkb : nkb * ((n + 127) / 128);
 }
 
+/* A's layout of the next problems: -1 random, else that layout. */
+static int a_layout_mode = -1;
+
 /* Random operands with padded leading dimensions. */
 static void make_problem(problem *p, int64_t m, int64_t n, int64_t k, fp8mix_format fa,
                          fp8mix_format fb, fp8mix_b_layout lay, fp8mix_mm_scale kind,
@@ -59,14 +67,16 @@ static void make_problem(problem *p, int64_t m, int64_t n, int64_t k, fp8mix_for
     fp8mix_gemm_args *g = &p->g;
     g->m = m; g->n = n; g->k = k;
     g->fmt_a = fa; g->fmt_b = fb; g->b_layout = lay;
+    g->a_layout = (fp8mix_a_layout)(a_layout_mode >= 0 ? a_layout_mode : (int)(rnd() & 1));
     /* ld >= max(cols, 1), sometimes padded */
-    g->lda = (k > 0 ? k : 1) + (int64_t)(rnd() % 3);
+    g->lda = (g->a_layout == FP8MIX_A_MK ? (k > 0 ? k : 1) : (m > 0 ? m : 1)) + (int64_t)(rnd() % 3);
     g->ldb = (lay == FP8MIX_B_KN ? n : (k > 0 ? k : 1)) + (int64_t)(rnd() % 3);
     g->ldo = n + (int64_t)(rnd() % 3);
     int64_t brows = lay == FP8MIX_B_KN ? k : n;
-    p->a = malloc((size_t)(m * g->lda + 1));
+    int64_t arows = g->a_layout == FP8MIX_A_MK ? m : k;
+    p->a = malloc((size_t)(arows * g->lda + 1));
     p->b = malloc((size_t)(brows * g->ldb + 1));
-    for (int64_t i = 0; i < m * g->lda; i++) p->a[i] = rnd_fp8(fa);
+    for (int64_t i = 0; i < arows * g->lda; i++) p->a[i] = rnd_fp8(fa);
     for (int64_t i = 0; i < brows * g->ldb; i++) p->b[i] = rnd_fp8(fb);
     p->nsa = nscale(kind, m, k, n, 1);
     p->nsb = nscale(kind, m, k, n, 0);
@@ -141,7 +151,7 @@ static double *oracle(const fp8mix_gemm_args *g)
                 for (int64_t p = p0; p < p1; p++) {
                     uint8_t bq = g->b_layout == FP8MIX_B_KN ? g->b[p * g->ldb + j]
                                                             : g->b[j * g->ldb + p];
-                    s += (double)fp8mix_decode_ref(g->a[i * g->lda + p], g->fmt_a) *
+                    s += (double)fp8mix_decode_ref(fp8mix_gemm_a_at(g, i, p), g->fmt_a) *
                          (double)fp8mix_decode_ref(bq, g->fmt_b);
                 }
                 if (g->scale_a_kind == FP8MIX_MM_SCALE_BLOCK) {
@@ -187,8 +197,27 @@ static int same_out(const fp8mix_gemm_args *g, const void *x, const void *y)
 static const fp8mix_isa isas[] = {FP8MIX_ISA_SCALAR, FP8MIX_ISA_AVX2, FP8MIX_ISA_AVX512,
                                   FP8MIX_ISA_AVX512BF16};
 
-/* Run p on every ISA (and both thread counts when `threads`), compare with the
- * reference bit for bit; for F32 output compare with float64. */
+/* GEMM runs compared with the reference, per microkernel (by name). */
+enum { MAX_UK = 8 };
+static const char *uk_names[MAX_UK];
+static long uk_runs[MAX_UK];
+
+static void count_kernel(const fp8mix_gemm_ukernel *uk)
+{
+    const char *name = uk->name;
+    for (int i = 0; i < MAX_UK; i++) {
+        if (!uk_names[i]) uk_names[i] = name;
+        if (uk_names[i] == name) {
+            uk_runs[i]++;
+            return;
+        }
+    }
+}
+
+/* Run p through fp8mix_gemm under every ISA limit, and (float32 accumulation)
+ * through every microkernel this CPU can run, whether or not dispatch picks
+ * it here (1 to 4 threads when `threads`); compare with the reference bit for
+ * bit; for F32 output compare with float64. */
 static void check_problem(problem *p, int threads, double tol)
 {
     fp8mix_gemm_args g = p->g;
@@ -207,8 +236,20 @@ static void check_problem(problem *p, int threads, double tol)
         free(o);
     }
     fp8mix_isa best = fp8mix_cpu_isa();
-    for (int t = 1; t <= (threads ? 2 : 1); t++) {
+    for (int t = 1; t <= (threads ? 4 : 1); t++) {
         fp8mix_set_num_threads(threads ? t : 0);
+        const fp8mix_gemm_ukernel *uks[MAX_UK];
+        int nuk = fp8mix_gemm_ukernels(uks, MAX_UK);
+        for (int u = 0; g.accum == FP8MIX_ACCUM_FP32 && u < nuk; u++) {
+            count_kernel(uks[u]);
+            memset(out, 0, nb);
+            g.out = out;
+            st = fp8mix_gemm_blocked_with(&g, uks[u]);
+            CHECK(st == FP8MIX_OK && same_out(&g, ref, out),
+                  "kernel=%s threads=%d m=%lld n=%lld k=%lld fa=%d fb=%d lay=%d kind=%d out=%d bias=%d st=%d",
+                  uks[u]->name, t, (long long)g.m, (long long)g.n, (long long)g.k, g.fmt_a, g.fmt_b, g.b_layout,
+                  g.scale_a_kind, g.out_t, g.bias != NULL, st);
+        }
         for (size_t v = 0; v < sizeof isas / sizeof isas[0] && isas[v] <= best; v++) {
             fp8mix_set_max_isa(isas[v]);
             memset(out, 0, nb);
@@ -278,9 +319,9 @@ static void test_shapes(void)
 static void test_threads(void)
 {
     static const int64_t shapes[][3] = {
-        {150, 300, 400}, {3, 100, 70001}, {40, 1030, 900}, {200, 20, 40001}};
+        {150, 300, 400}, {3, 100, 70001}, {40, 1030, 900}, {200, 20, 40001}, {37, 4500, 300}};
     /* FP8MIX_QUICK=1 (the valgrind run): only the first shape */
-    int nshapes = getenv("FP8MIX_QUICK") ? 1 : 4;
+    int nshapes = getenv("FP8MIX_QUICK") ? 1 : 5;
     for (int s = 0; s < nshapes; s++)
         for (int kind = 0; kind < 3; kind += 2) {
             problem p;
@@ -290,6 +331,105 @@ static void test_threads(void)
             check_problem(&p, 1, s == 0 ? 1e-6 : 0);
             free_problem(&p);
         }
+}
+
+/* bf16 / f16 output with many rows: the float32 accumulator is capped, so the
+ * columns come in several chunks. */
+static void test_acc_chunks(void)
+{
+    if (getenv("FP8MIX_QUICK")) return;
+    for (int ot = 1; ot < 3; ot++) {
+        problem p;
+        make_problem(&p, 2100, 1300, 40, FP8MIX_E5M2, FP8MIX_E4M3, FP8MIX_B_KN, FP8MIX_MM_SCALE_OUTER, 1,
+                     (fp8mix_dtype)ot, FP8MIX_ACCUM_FP32, 0);
+        check_problem(&p, 1, 0);
+        free_problem(&p);
+    }
+}
+
+/* The packing of every ISA, over every byte, against its definition: slot
+ * t holds the decoded k = t ^ 1 (float32) or the bf16 pair (2q, 2q+1), zero
+ * beyond nv and beyond kc. */
+static void test_packing_once(long *bad, long *runs);
+
+static void test_packing(void)
+{
+    long bad = 0, runs = 0;
+    test_packing_once(&bad, &runs);
+#if defined(__x86_64__)
+    /* again with denormals-are-zero and flush-to-zero set, as a caller may have
+     * them (torch.set_flush_denormal): the decoding must not depend on them */
+    unsigned int csr = _mm_getcsr();
+    _mm_setcsr(csr | 0x8040u);
+    test_packing_once(&bad, &runs);
+    _mm_setcsr(csr);
+#endif
+    CHECK(bad == 0 && runs > 0, "%ld of %ld packed panels differ from the decode table", bad, runs);
+}
+
+static void test_packing_once(long *bad_out, long *runs_out)
+{
+    enum { KMAX = 37, W = 32, LD = 41 };
+    uint8_t src[W * LD + KMAX * LD];
+    uint32_t got[(KMAX + 2) * W], want[(KMAX + 1) * W];
+    for (size_t i = 0; i < sizeof src; i++) src[i] = (uint8_t)(i * 73 + 5); /* every byte value */
+    fp8mix_isa best = fp8mix_cpu_isa();
+    long bad = 0, runs = 0;
+    for (int fmt = 0; fmt < 2; fmt++) {
+        const float *t = fp8mix_decode_table((fp8mix_format)fmt);
+        for (int bf16 = 0; bf16 < 2; bf16++)
+            for (int kcols = 0; kcols < 2; kcols++)
+                for (int w = 4; w <= W; w += (w < 16 ? 2 : 8))
+                    for (int nv = 0; nv <= w; nv += (nv < 8 ? 1 : 3))
+                        for (int kc = 0; kc <= KMAX; kc += (kc < 18 ? 1 : 5)) {
+                            int64_t kce = kc + (kc & 1), slots = bf16 ? kce / 2 : kce;
+                            for (int64_t sl = 0; sl < slots; sl++)
+                                for (int r = 0; r < w; r++) {
+                                    float v[2] = {0.0f, 0.0f};
+                                    for (int h = 0; h < 2; h++) {
+                                        int64_t k = bf16 ? 2 * sl + h : sl ^ 1;
+                                        if ((bf16 || h == 0) && r < nv && k < kc)
+                                            v[h] = t[kcols ? src[k * LD + r] : src[r * LD + k]];
+                                    }
+                                    uint32_t b0, b1;
+                                    memcpy(&b0, &v[0], 4);
+                                    memcpy(&b1, &v[1], 4);
+                                    want[sl * w + r] = bf16 ? (b0 >> 16) | (b1 & 0xFFFF0000u) : b0;
+                                }
+                            for (size_t v = 0; v < sizeof isas / sizeof isas[0] && isas[v] <= best; v++) {
+                                fp8mix_set_max_isa(isas[v]);
+                                const fp8mix_gemm_ukernel *uk = fp8mix_gemm_ukernel_active();
+                                memset(got, 0xCD, sizeof got);
+                                (kcols ? uk->pack_kcols : uk->pack_krows)(src, LD, nv, w, kc, (fp8mix_format)fmt,
+                                                                          bf16, got);
+                                bad += memcmp(got, want, (size_t)(slots * w) * 4) != 0 ||
+                                       got[slots * w] != 0xCDCDCDCDu; /* nothing written past the panel */
+                                runs++;
+                            }
+                        }
+    }
+    fp8mix_set_max_isa(FP8MIX_ISA_AVX512BF16);
+    *bad_out += bad;
+    *runs_out += runs;
+}
+
+/* What the comparisons covered; fails when a kernel this CPU can run (or
+ * the one a level dispatches to) compared nothing. */
+static void report_coverage(void)
+{
+    printf("microkernels compared with fp8mix_gemm_ref:");
+    for (int i = 0; i < MAX_UK && uk_names[i]; i++) printf(" %s (%ld runs)", uk_names[i], uk_runs[i]);
+    const fp8mix_gemm_ukernel *uks[MAX_UK];
+    int nuk = fp8mix_gemm_ukernels(uks, MAX_UK);
+    printf("; dispatch at %s: %s\n", fp8mix_isa_name(fp8mix_cpu_isa()), fp8mix_gemm_ukernel_active()->name);
+    CHECK(nuk >= 1 + (fp8mix_cpu_isa() >= FP8MIX_ISA_AVX2) + (fp8mix_cpu_isa() >= FP8MIX_ISA_AVX512),
+          "only %d kernels for %s", nuk, fp8mix_isa_name(fp8mix_cpu_isa()));
+    for (int u = 0; u < nuk; u++) {
+        long runs = 0;
+        for (int i = 0; i < MAX_UK && uk_names[i]; i++)
+            if (uk_names[i] == uks[u]->name) runs = uk_runs[i];
+        CHECK(runs > 0, "%s was never compared", uks[u]->name);
+    }
 }
 
 static void test_k_zero(void)
@@ -339,7 +479,8 @@ static void test_fp22(void)
     int64_t K = 16384;
     make_problem(&p, 4, 4, K, FP8MIX_E4M3, FP8MIX_E4M3, FP8MIX_B_NK, FP8MIX_MM_SCALE_TENSOR, 0,
                  FP8MIX_F32, FP8MIX_ACCUM_FP22, 0);
-    for (int64_t i = 0; i < 4 * p.g.lda; i++) p.a[i] = (uint8_t)(0x30 + rnd() % 0x10); /* 0.5..0.94 */
+    for (int64_t i = 0; i < (p.g.a_layout == FP8MIX_A_MK ? 4 : K) * p.g.lda; i++)
+        p.a[i] = (uint8_t)(0x30 + rnd() % 0x10); /* 0.5..0.94 */
     for (int64_t i = 0; i < 4 * p.g.ldb; i++) p.b[i] = (uint8_t)(0x30 + rnd() % 0x10);
     double *o = oracle(&p.g);
     float out0[4 * 8], out128[4 * 8], out32[4 * 8];
@@ -370,6 +511,7 @@ static void test_fp22(void)
 static void test_nonfinite(void)
 {
     fp8mix_isa best = fp8mix_cpu_isa();
+    a_layout_mode = FP8MIX_A_MK; /* the rows of A are written below */
     for (size_t v = 0; v < sizeof isas / sizeof isas[0] && isas[v] <= best; v++) {
         fp8mix_set_max_isa(isas[v]);
         for (int accum = 0; accum < 2; accum++) {
@@ -396,14 +538,17 @@ static void test_nonfinite(void)
             free_problem(&p);
         }
     }
+    a_layout_mode = -1;
     fp8mix_set_max_isa(FP8MIX_ISA_AVX512BF16);
 }
 
 static void test_bad_args(void)
 {
     problem p;
+    a_layout_mode = FP8MIX_A_MK;
     make_problem(&p, 4, 6, 130, FP8MIX_E4M3, FP8MIX_E4M3, FP8MIX_B_NK, FP8MIX_MM_SCALE_BLOCK, 1,
                  FP8MIX_F32, FP8MIX_ACCUM_FP32, 0);
+    a_layout_mode = -1;
     float out[4 * 8];
     p.g.out = out;
     CHECK(fp8mix_gemm(&p.g) == FP8MIX_OK, "baseline");
@@ -422,6 +567,12 @@ static void test_bad_args(void)
     EXPECT(m, -1, FP8MIX_ERR_BAD_SHAPE);
     EXPECT(k, -2, FP8MIX_ERR_BAD_SHAPE);
     EXPECT(lda, 129, FP8MIX_ERR_BAD_SHAPE);
+    {   /* A as K x M: lda >= M = 4 suffices, 3 does not */
+        fp8mix_gemm_args g = p.g;
+        g.a_layout = FP8MIX_A_KM;
+        g.lda = 3;
+        CHECK(fp8mix_gemm(&g) == FP8MIX_ERR_BAD_SHAPE && fp8mix_gemm_ref(&g) == FP8MIX_ERR_BAD_SHAPE, "KM lda");
+    }
     EXPECT(ldb, 100, FP8MIX_ERR_BAD_SHAPE);  /* NK: ldb >= k */
     EXPECT(ldo, 5, FP8MIX_ERR_BAD_SHAPE);
     EXPECT(a, NULL, FP8MIX_ERR_NULL_POINTER);
@@ -433,6 +584,7 @@ static void test_bad_args(void)
     EXPECT(out_t, (fp8mix_dtype)3, FP8MIX_ERR_BAD_ENUM);
     EXPECT(bias_t, (fp8mix_dtype)9, FP8MIX_ERR_BAD_ENUM);
     EXPECT(b_layout, (fp8mix_b_layout)2, FP8MIX_ERR_BAD_ENUM);
+    EXPECT(a_layout, (fp8mix_a_layout)2, FP8MIX_ERR_BAD_ENUM);
     EXPECT(accum, (fp8mix_accum)5, FP8MIX_ERR_BAD_ENUM);
     EXPECT(scale_b_kind, (fp8mix_mm_scale)3, FP8MIX_ERR_BAD_ENUM);
     EXPECT(scale_b_kind, FP8MIX_MM_SCALE_TENSOR, FP8MIX_ERR_BAD_ARG);
@@ -453,11 +605,14 @@ static void test_bad_args(void)
 
 int main(void)
 {
+    test_packing();
     test_shapes();
     test_threads();
+    test_acc_chunks();
     test_k_zero();
     test_fp22();
     test_nonfinite();
     test_bad_args();
+    report_coverage();
     return check_report("test_gemm");
 }

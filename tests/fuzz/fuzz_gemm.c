@@ -3,7 +3,8 @@
  *
  * From the input: M, N, K in 0..70 (sometimes K up to 300 so that several
  * 128-deep K blocks and 256-deep K chunks occur, or N up to 160 for two
- * 128-wide N blocks), FP8 formats of A and B, B's layout (KN / NK), leading
+ * 128-wide N blocks), FP8 formats of A and B, A's layout (MK / KM) and B's
+ * layout (KN / NK) (or invalid ones), leading
  * dimensions (padded, or too small), scale kinds (TENSOR / OUTER / BLOCK, or
  * mixed and invalid ones), scale values (including NaN, inf, 0, negative),
  * bias (none, f32 / bf16 / f16, or an invalid type), output type, FP32 or FP22
@@ -15,8 +16,9 @@
  *   - the status is OK exactly when the arguments are valid, else one of the
  *     documented errors; on error the output is untouched;
  *   - on OK the output equals fp8mix_gemm_ref bit for bit (NaN payloads
- *     aside: any NaN matches any NaN) under every ISA this CPU has, and
- *     the padding between output rows is untouched;
+ *     aside: any NaN matches any NaN) under every ISA this CPU has and with
+ *     every microkernel it can run, and the padding between output rows is
+ *     untouched;
  *   - fp8mix_gemm_ref returns the same status as fp8mix_gemm.
  */
 #include "fuzz_common.h"
@@ -60,6 +62,32 @@ FUZZ_NOCOV static int out_equal(const uint8_t *a, const uint8_t *b, int out_t)
 
 static void hostile(fz *f);
 
+/* out against ref element by element (NaN matches NaN); the padding past
+ * column N of every row must be untouched in both. */
+FUZZ_NOCOV static void compare_out(const uint8_t *out, const uint8_t *ref, size_t o_bytes, size_t oes, int64_t M,
+                                   int64_t N, int64_t ldo, int out_t, const char *name, const char *what)
+{
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < ldo; j++) {
+            size_t off = ((size_t)i * (size_t)ldo + (size_t)j) * oes;
+            if (off + oes > o_bytes) break;
+            if (j >= N) {
+                for (size_t b = 0; b < oes; b++)
+                    FUZZ_CHECK(out[off + b] == SENT && ref[off + b] == SENT,
+                               "[%s] output padding (%lld,%lld) written (%s)", name, (long long)i, (long long)j,
+                               what);
+                continue;
+            }
+            if (!out_equal(out + off, ref + off, out_t)) {
+                uint32_t gv = 0, rv = 0;
+                memcpy(&gv, out + off, oes);
+                memcpy(&rv, ref + off, oes);
+                FUZZ_CHECK(0, "[%s] out(%lld,%lld) = 0x%0*x, fp8mix_gemm_ref 0x%0*x (%s)", name, (long long)i,
+                           (long long)j, (int)oes * 2, gv, (int)oes * 2, rv, what);
+            }
+        }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     fz f = {data, size, 0};
@@ -74,14 +102,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (M * N * (K ? K : 1) > 150000) M = 150000 / (N * (K ? K : 1)); /* keep the reference cheap */
     uint8_t k1 = fz_u8(&f);
     int fmt_a = (k1 & 1), fmt_b = (k1 >> 1) & 1, lay = (k1 >> 2) & 1, out_t = (int)fz_below(&f, 3);
+    int alay = (k0 >> 6) & 1; /* A as M x K or as K x M */
     if ((k1 & 0xF8) == 0xF8) { /* one invalid enum */
-        switch (fz_below(&f, 4)) {
+        switch (fz_below(&f, 5)) {
         case 0: fmt_a = 2 + (int)fz_below(&f, 3); break;
         case 1: fmt_b = -1; break;
         case 2: lay = 2 + (int)fz_below(&f, 3); break;
+        case 3: alay = 2 + (int)fz_below(&f, 3); break;
         default: out_t = 3 + (int)fz_below(&f, 3); break;
         }
     }
+    int alay_v = alay == FP8MIX_A_KM;
     uint8_t k2 = fz_u8(&f);
     int ka = (int)(k2 % 3), kb = (int)((k2 / 3) % 3);
     if ((k2 & 0xC0) != 0xC0 && (ka == 2 || kb == 2)) ka = kb = 2; /* mostly consistent BLOCK */
@@ -96,7 +127,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     /* the FP22 driver works on 256-column chunks: its cost is M * K * 256 */
     if (accum == FP8MIX_ACCUM_FP22 && M * K > 1500) M = 1500 / K;
     uint8_t k4 = fz_u8(&f);
-    int64_t a_cols = K, b_rows = lay == FP8MIX_B_NK ? N : K, b_cols = lay == FP8MIX_B_NK ? K : N;
+    int64_t a_rows = alay_v ? K : M, a_cols = alay_v ? M : K, b_rows = lay == FP8MIX_B_NK ? N : K, b_cols = lay == FP8MIX_B_NK ? K : N;
     int64_t lda = (a_cols ? a_cols : 1) + ((k4 & 3) == 3 ? fz_below(&f, 4) : 0);
     int64_t ldb = (b_cols ? b_cols : 1) + (((k4 >> 2) & 3) == 3 ? fz_below(&f, 4) : 0);
     int64_t ldo = (N ? N : 1) + (((k4 >> 4) & 3) == 3 ? fz_below(&f, 4) : 0);
@@ -118,7 +149,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     int lay_v = lay == FP8MIX_B_NK ? 1 : 0;
     int64_t lda_a = lda >= a_cols ? lda : a_cols, ldb_a = ldb >= b_cols ? ldb : b_cols;
     int64_t ldo_a = ldo >= N ? ldo : N;
-    size_t a_bytes = mat_bytes(M, a_cols, lda_a, 1), b_bytes = mat_bytes(b_rows, b_cols, ldb_a, 1);
+    size_t a_bytes = mat_bytes(a_rows, a_cols, lda_a, 1), b_bytes = mat_bytes(b_rows, b_cols, ldb_a, 1);
     int otv = dtype_valid(out_t) ? out_t : 0;
     size_t oes = esize((fp8mix_dtype)otv);
     size_t o_bytes = mat_bytes(M, N, ldo_a, oes);
@@ -147,7 +178,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     fp8mix_gemm_args g;
     memset(&g, 0, sizeof g);
     g.m = M; g.n = N; g.k = K;
-    g.a = A; g.fmt_a = (fp8mix_format)fmt_a; g.lda = lda;
+    g.a = A; g.fmt_a = (fp8mix_format)fmt_a; g.lda = lda; g.a_layout = (fp8mix_a_layout)alay;
     g.b = B; g.fmt_b = (fp8mix_format)fmt_b; g.ldb = ldb; g.b_layout = (fp8mix_b_layout)lay;
     g.scale_a = SA; g.scale_a_kind = (fp8mix_mm_scale)ka;
     g.scale_b = SB; g.scale_b_kind = (fp8mix_mm_scale)kb;
@@ -160,11 +191,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     expect e = {0, 0};
     int nonempty = M > 0 && N > 0;
     if (!fmt_valid(fmt_a) || !fmt_valid(fmt_b) || !dtype_valid(out_t) || !kind_valid(ka) || !kind_valid(kb) ||
-        (lay != 0 && lay != 1) || (BIAS && !dtype_valid(bias_t)))
+        (lay != 0 && lay != 1) || (alay != 0 && alay != 1) || (BIAS && !dtype_valid(bias_t)))
         exp_must(&e, FP8MIX_ERR_BAD_ENUM);
     if (kind_valid(ka) && kind_valid(kb) && ((ka == 2) != (kb == 2))) exp_must(&e, FP8MIX_ERR_BAD_ARG);
     if (interval < 0) exp_must(&e, FP8MIX_ERR_BAD_ARG);
-    exp_shape(&e, M, a_cols, lda, 1);
+    exp_shape(&e, a_rows, a_cols, lda, 1);
     exp_shape(&e, b_rows, b_cols, ldb, 1);
     exp_shape(&e, M, N, ldo, 1);
     /* pointers and scales matter only for a non-empty output */
@@ -188,9 +219,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     fp8mix_status st_ref = fp8mix_gemm_ref(&g);
     exp_check(&e, st_ref, "fp8mix_gemm_ref");
     char what[256];
-    snprintf(what, sizeof what, "M %lld N %lld K %lld fmt %d/%d layout %d lda %lld ldb %lld ldo %lld kinds %d/%d "
-             "bias %d/%d out %d accum %d interval %lld", (long long)M, (long long)N, (long long)K, fmt_a, fmt_b, lay,
-             (long long)lda, (long long)ldb, (long long)ldo, ka, kb, bias_kind, bias_t, out_t, accum,
+    snprintf(what, sizeof what, "M %lld N %lld K %lld fmt %d/%d layout %d/%d lda %lld ldb %lld ldo %lld kinds %d/%d "
+             "bias %d/%d out %d accum %d interval %lld", (long long)M, (long long)N, (long long)K, fmt_a, fmt_b, alay,
+             lay, (long long)lda, (long long)ldb, (long long)ldo, ka, kb, bias_kind, bias_t, out_t, accum,
              (long long)interval);
 
     fp8mix_isa isas[4];
@@ -210,28 +241,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
         /* the FP22 model is plain C, the same on every ISA: default + scalar */
         int last = accum == FP8MIX_ACCUM_FP22 && t == 1;
-        for (int64_t i = 0; i < M; i++)
-            for (int64_t j = 0; j < ldo; j++) {
-                size_t off = ((size_t)i * (size_t)ldo + (size_t)j) * oes;
-                if (off + oes > o_bytes) break;
-                if (j >= N) {
-                    for (size_t b = 0; b < oes; b++)
-                        FUZZ_CHECK(out[off + b] == SENT && ref[off + b] == SENT,
-                                   "[%s] output padding (%lld,%lld) written (%s)", name, (long long)i, (long long)j,
-                                   what);
-                    continue;
-                }
-                if (!out_equal(out + off, ref + off, out_t)) {
-                    uint32_t gv = 0, rv = 0;
-                    memcpy(&gv, out + off, oes);
-                    memcpy(&rv, ref + off, oes);
-                    FUZZ_CHECK(0, "[%s] out(%lld,%lld) = 0x%0*x, fp8mix_gemm_ref 0x%0*x (%s)", name, (long long)i,
-                               (long long)j, (int)oes * 2, gv, (int)oes * 2, rv, what);
-                }
-            }
+        compare_out(out, ref, o_bytes, oes, M, N, ldo, out_t, name, what);
         if (last) break;
     }
     fp8mix_set_max_isa(FP8MIX_ISA_AVX512BF16);
+    /* every microkernel this CPU can run, also those dispatch does not pick here */
+    if (st_ref == FP8MIX_OK && accum == FP8MIX_ACCUM_FP32 && out && M > 0 && N > 0) {
+        const fp8mix_gemm_ukernel *uks[8];
+        int nuk = fp8mix_gemm_ukernels(uks, 8);
+        for (int u = 0; u < nuk; u++) {
+            memset(out, SENT, o_bytes ? o_bytes : 1);
+            g.out = out;
+            FUZZ_CHECK(fp8mix_gemm_blocked_with(&g, uks[u]) == FP8MIX_OK, "[%s] status (%s)", uks[u]->name, what);
+            compare_out(out, ref, o_bytes, oes, M, N, ldo, out_t, uks[u]->name, what);
+        }
+    }
     free(A); free(B); free(SA); free(SB); free(BIAS); free(ref); free(out);
     return 0;
 }

@@ -3,6 +3,7 @@ items 10 and 11). References: the unconverted model (outputs, parameters, state_
 torch's own weight_norm / parametrize modules."""
 from __future__ import annotations
 
+import copy
 import inspect
 import logging
 import math
@@ -283,3 +284,25 @@ def test_convert_model_keeps_forward_hooks():
     fp8mix.convert_model(model)
     model(torch.randn(2, 32))
     assert calls == [fp8mix.Linear]
+
+
+def test_strip_fp8_state_keeps_other_modules_buffers_of_the_same_name():
+    class Other(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("fp8_scale", torch.tensor(3.0))  # someone else's buffer, same name
+
+    model = nn.Sequential(fp8mix.Linear(32, 32), Other())
+    sd = fp8mix.strip_fp8_state(model.state_dict())
+    assert set(sd) == {"0.weight", "0.bias", "1.fp8_scale"}
+
+
+def test_recipes_pickle_and_deepcopy():
+    import pickle
+    r = DelayedScaling(amax_history_len=8, rounding={"grad": "stochastic"})
+    assert pickle.loads(pickle.dumps(r)) == r and copy.deepcopy(r) is r
+    model = nn.Sequential(fp8mix.Linear(32, 32))
+    with torch.no_grad(), fp8_autocast(fp8_recipe=r):  # a read-only forward keeps its frame (and recipe)
+        model(torch.randn(2, 32))
+    clone = copy.deepcopy(model)
+    assert torch.equal(clone[0].weight, model[0].weight)

@@ -8,10 +8,15 @@
 
 #include "internal.h"
 
+/* The fast loops are written once and instantiated per input dtype and
+ * format (always inlined with constant arguments): no switch in the loop,
+ * shifts by an immediate. */
+#define FP8MIX_INLINE static inline __attribute__((always_inline))
+
 typedef struct enc512 {
     __m512i emin, shift0, bexp, mbits, max_code, ovf_code, nan_code;
     __m512i rnd, rebias, min_normal; /* round-to-nearest fast path */
-    __m512 magic;
+    __m512 magic, maxf;
 } enc512;
 
 static inline enc512 enc512_init(const fp8_params *p)
@@ -28,7 +33,30 @@ static inline enc512 enc512_init(const fp8_params *p)
     c.rebias = _mm512_set1_epi32((127 - p->bias) << p->mbits);
     c.min_normal = _mm512_set1_epi32((127 + p->emin) << 23);
     c.magic = _mm512_castsi512_ps(_mm512_set1_epi32((127 + p->emin - p->mbits + 23) << 23));
+    c.maxf = _mm512_set1_ps(p->fmt == FP8MIX_E4M3 ? 448.0f : 57344.0f);
     return c;
+}
+
+/* Saturating round to nearest even, the lean form of encode16_rne for the
+ * training cast (same bytes; the reasoning is cast_avx2.c's encode8_sat):
+ * |y| clamped in float, the unsigned min of the normal-path and
+ * subnormal-path codes, then of nan_code; `inf` marks infinite inputs under
+ * inf_to_nan, which become the NaN code. */
+FP8MIX_INLINE __m512i encode16_sat(const enc512 *c, int sh, int i2n, __m512i xbits, __m512i ax, __m512 s)
+{
+    /* |x * s| == |x| * s bit for bit; the sign of x * s is x's */
+    __m512 af = _mm512_min_ps(c->maxf, _mm512_mul_ps(_mm512_castsi512_ps(ax), s));
+    /* the normal path sees at least the smallest normal: its code is then
+     * never below the subnormal path's, which wins the min */
+    __m512i a = _mm512_max_epi32(_mm512_castps_si512(af), c->min_normal);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(a, sh), _mm512_set1_epi32(1));
+    __m512i r = _mm512_add_epi32(_mm512_add_epi32(a, c->rnd), lsb);
+    __m512i code = _mm512_sub_epi32(_mm512_srli_epi32(r, sh), c->rebias);
+    __m512i sub = _mm512_sub_epi32(_mm512_castps_si512(_mm512_add_ps(af, c->magic)), _mm512_castps_si512(c->magic));
+    code = _mm512_min_epu32(_mm512_min_epu32(code, sub), c->nan_code);
+    if (i2n) code = _mm512_mask_mov_epi32(code, _mm512_cmpeq_epi32_mask(ax, _mm512_set1_epi32(0x7F800000)), c->nan_code);
+    /* code | ((x >> 24) & 0x80): ternary logic A | (B & C) */
+    return _mm512_ternarylogic_epi32(code, _mm512_srli_epi32(xbits, 24), _mm512_set1_epi32(0x80), 0xF8);
 }
 
 /* Round to nearest even, fast path with the same results as fp8_encode:
@@ -108,10 +136,68 @@ static inline __m512 load16(const void *x, fp8mix_dtype xt, int64_t i, __mmask16
     }
 }
 
+
+/* max |x| bits over n elements, four accumulators; returns how many elements
+ * it covered (a multiple of 64). */
+FP8MIX_INLINE int64_t amax_run_t(const void *x, fp8mix_dtype xt, int64_t n, uint32_t *amax)
+{
+    const __m512i absmask = _mm512_set1_epi32(0x7FFFFFFF);
+    __m512i m0 = _mm512_setzero_si512(), m1 = m0, m2 = m0, m3 = m0;
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        m0 = _mm512_max_epu32(m0, _mm512_and_si512(_mm512_castps_si512(load16(x, xt, i, 0xFFFF)), absmask));
+        m1 = _mm512_max_epu32(m1, _mm512_and_si512(_mm512_castps_si512(load16(x, xt, i + 16, 0xFFFF)), absmask));
+        m2 = _mm512_max_epu32(m2, _mm512_and_si512(_mm512_castps_si512(load16(x, xt, i + 32, 0xFFFF)), absmask));
+        m3 = _mm512_max_epu32(m3, _mm512_and_si512(_mm512_castps_si512(load16(x, xt, i + 48, 0xFFFF)), absmask));
+    }
+    uint32_t mm = _mm512_reduce_max_epu32(_mm512_max_epu32(_mm512_max_epu32(m0, m1), _mm512_max_epu32(m2, m3)));
+    if (mm > *amax) *amax = mm;
+    return i;
+}
+
+/* The saturating round-to-nearest cast, 64 elements per step; returns how
+ * many elements it covered (a multiple of 64). */
+FP8MIX_INLINE int64_t cast_sat_run_t(const void *x, fp8mix_dtype xt, int sh, int i2n, int64_t n, float scale,
+                                     uint8_t *q, uint32_t *amax, const fp8_params *p)
+{
+    enc512 c = enc512_init(p);
+    const __m512 s = _mm512_set1_ps(scale);
+    const __m512i absmask = _mm512_set1_epi32(0x7FFFFFFF);
+    /* packs work per 128-bit lane: dword 4k + u holds 4 codes of vector u, lane k */
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    __m512i m = _mm512_setzero_si512();
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        __m512i code[4];
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; u++) {
+            __m512i xb = _mm512_castps_si512(load16(x, xt, i + 16 * u, 0xFFFF));
+            __m512i av = _mm512_and_si512(xb, absmask);
+            m = _mm512_max_epu32(m, av);
+            code[u] = encode16_sat(&c, sh, i2n, xb, av, s);
+        }
+        __m512i b = _mm512_packus_epi16(_mm512_packus_epi32(code[0], code[1]), _mm512_packus_epi32(code[2], code[3]));
+        _mm512_storeu_si512((void *)(q + i), _mm512_permutexvar_epi32(order, b));
+    }
+    uint32_t mm = _mm512_reduce_max_epu32(m);
+    if (mm > *amax) *amax = mm;
+    return i;
+}
+
+#include "cast_fast.h"
+
 void fp8mix_cast_seg_avx512(const void *x, fp8mix_dtype xt, int64_t n, float scale, uint8_t *q,
                             uint32_t *amax, const fp8_params *p, uint64_t seed,
                             uint64_t rng_start)
 {
+    int64_t done = fast_prefix(x, xt, n, scale, q, amax, p); /* amax only, the training cast */
+    if (done > 0) {
+        if (done == n) return;
+        x = (const uint8_t *)x + (size_t)done * dtype_size(xt);
+        n -= done;
+        if (q) q += done;
+        rng_start += (uint64_t)done;
+    }
     enc512 c = enc512_init(p);
     const __m512 s = _mm512_set1_ps(scale);
     const __m512i absmask = _mm512_set1_epi32(0x7FFFFFFF);

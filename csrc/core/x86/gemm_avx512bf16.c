@@ -28,23 +28,38 @@ void fp8mix_gemm_ukernel_bf16_14x32__avx512bf16(int64_t kc, const void *ap,
 {
     const unsigned char *a = (const unsigned char *)ap, *b = (const unsigned char *)bp;
     int init = load_c && !rs;
+    for (int r = 0; r < 14; r++) { /* the next tile's C, as in gemm_avx512.c */
+        _mm_prefetch((const char *)(c + (14 + r) * ldc), _MM_HINT_T1);
+        _mm_prefetch((const char *)(c + (14 + r) * ldc + 31), _MM_HINT_T1);
+    }
 #define DECL(r)                                                                    \
     __m512 c##r##0 = init ? _mm512_loadu_ps(c + r * ldc) : _mm512_setzero_ps();   \
     __m512 c##r##1 = init ? _mm512_loadu_ps(c + r * ldc + 16) : _mm512_setzero_ps();
     ROWS14(DECL)
 #undef DECL
-    for (int64_t q = 0; q < kc / 2; q++, a += 14 * 4, b += 32 * 4) {
-        __m512bh b0 = (__m512bh)_mm512_loadu_si512((const void *)b);
-        __m512bh b1 = (__m512bh)_mm512_loadu_si512((const void *)(b + 64));
-#define STEP(r)                                         \
-    {                                                   \
-        __m512bh av = bcast_pair(a + 4 * r);            \
-        c##r##0 = _mm512_dpbf16_ps(c##r##0, av, b0);    \
-        c##r##1 = _mm512_dpbf16_ps(c##r##1, av, b1);    \
+    /* Two pairs of k-steps per iteration; the empty asm keeps GCC from
+     * hoisting the next step's loads and spilling accumulators. */
+#define STEP(r, u)                                              \
+    {                                                           \
+        __m512bh av = bcast_pair(a + 56 * (u) + 4 * (r));       \
+        c##r##0 = _mm512_dpbf16_ps(c##r##0, av, b0);            \
+        c##r##1 = _mm512_dpbf16_ps(c##r##1, av, b1);            \
     }
-        ROWS14(STEP)
+#define KSTEP(u)                                                                    \
+    {                                                                               \
+        __m512bh b0 = (__m512bh)_mm512_loadu_si512((const void *)(b + 128 * (u)));  \
+        __m512bh b1 = (__m512bh)_mm512_loadu_si512((const void *)(b + 128 * (u) + 64)); \
+        STEP(0, u) STEP(1, u) STEP(2, u) STEP(3, u) STEP(4, u) STEP(5, u) STEP(6, u) \
+        STEP(7, u) STEP(8, u) STEP(9, u) STEP(10, u) STEP(11, u) STEP(12, u) STEP(13, u) \
+    }
+    int64_t q = 0, nq = kc / 2;
+    for (; q + 2 <= nq; q += 2, a += 2 * 56, b += 2 * 128) {
+        KSTEP(0) __asm__ volatile("" ::: "memory");
+        KSTEP(1)
+    }
+    for (; q < nq; q++, a += 56, b += 128) KSTEP(0)
+#undef KSTEP
 #undef STEP
-    }
     if (!rs) {
 #define STORE(r)                               \
     _mm512_storeu_ps(c + r * ldc, c##r##0);    \

@@ -1,12 +1,14 @@
 """Command line of fp8mix: ``python -m fp8mix {demo,inspect}``.
 
 - ``demo``: train a small GPT on a local corpus in float32, bfloat16 and FP8 and
-  compare losses, speed, memory and FP8 overflow/underflow (fp8mix.demo).
+  compare losses (over seeds: gap to float32 with a 95% interval), speed, memory and FP8
+  overflow/underflow (fp8mix.tools.demo).
 - ``inspect``: run a model for a few steps under FP8 and report, per linear layer and
   tensor role, amax ranges, the recommended FP8 format and which layers should stay in
-  high precision (fp8mix.inspect_model).
+  high precision (fp8mix.tools.inspect).
 
-Bad arguments print one line on stderr and exit with code 2 (no traceback).
+The tools are imported only when their command runs. Bad arguments print one line on
+stderr and exit with code 2 (no traceback).
 """
 from __future__ import annotations
 
@@ -14,11 +16,9 @@ import argparse
 import os
 import sys
 
+from ._common import UsageError
+
 __all__ = ["main", "build_parser", "UsageError"]
-
-
-class UsageError(ValueError):
-    """A bad command-line argument or input: reported as one line, exit code 2."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -32,12 +32,21 @@ def _add_demo(sub) -> None:
     p = sub.add_parser("demo", help="train a small GPT in fp32, bf16 and FP8 and compare",
                        description="Train a small byte-level GPT on a local corpus (default: this Python's "
                                    "stdlib sources) in float32, bfloat16 and FP8 from the same initial weights "
-                                   "and batches; print a comparison table and write loss curves (PNG, CSV, "
-                                   "JSON). Exit code 1 if a run diverges.")
-    p.add_argument("--steps", type=int, default=400, help="training steps per run (default 400)")
-    p.add_argument("--recipes", default="fp32,bf16,fp8-delayed",
+                                   "and batches (with --seeds N: N seeds, and each run's gap to float32 with a "
+                                   "95% interval); print a comparison table and write loss curves (PNG, CSV, "
+                                   "JSON). Before the runs, a few timed steps give an ETA. Exit code 1 if a run "
+                                   "diverges.")
+    p.add_argument("--steps", type=int, default=None,
+                   help="training steps per run (default 400; fewer, with a note, when the timed steps say 400 "
+                        "would take the demo over 5 minutes)")
+    p.add_argument("--recipes", default=None,
                    help="comma-separated runs: fp32, bf16, fp8-delayed, fp8-current, fp8-block "
-                        "(aliases delayed, current, block; default fp32,bf16,fp8-delayed)")
+                        "(aliases delayed, current, block; default fp32,bf16,fp8-delayed, where bf16 is skipped "
+                        "with a note when this CPU's bfloat16 is many times slower than float32)")
+    p.add_argument("--seeds", type=int, default=1,
+                   help="train every run for this many seeds (--seed, --seed+1, ...; the same seed gives the "
+                        "same initial weights and batches to every run) and report each run's validation-loss "
+                        "gap to fp32 as mean +- 95%% interval (default 1)")
     p.add_argument("--out", default="fp8mix_out", help="output folder (default ./fp8mix_out)")
     p.add_argument("--data", default=None, help="text file or folder to train on (default: the stdlib's *.py)")
     p.add_argument("--seed", type=int, default=0, help="seed of weights and batch order (default 0)")
@@ -98,13 +107,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run_demo(args) -> int:
-    from . import demo
-    return demo.run(args)
+    from .demo.main import run
+
+    return run(args)
 
 
 def _run_inspect(args) -> int:
-    from . import inspect_model
-    return inspect_model.run(args)
+    from .inspect import run
+
+    return run(args)
 
 
 def main(argv=None) -> int:

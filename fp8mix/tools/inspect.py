@@ -12,11 +12,16 @@ report gives per layer and role:
 - the amax range recorded in the layer's ``fp8_amax_history``;
 - the tensor's dynamic range, log2(max |x| / min nonzero |x|), in binades
   (E4M3 spans ~17.8 binades from min subnormal to max, E5M2 ~31.8);
-- per format: overflow fraction (elements outside the range: non-finite in a
-  non-saturating cast), underflow fraction (nonzero elements cast to 0) and SQNR in dB
-  of the saturating cast (what training uses);
-- a recommended format with its reason, and whether the layer should stay in high
-  precision (SQNR below 20 dB in its best format, or a tiny layer).
+- per format, from fp8mix.numerics.quant_stats of the saturating cast (what training
+  uses): overflow (non-zero values beyond the range after scaling, i.e. clipped, or not
+  finite) and underflow (non-zero values cast to 0), both as % of the non-zero values,
+  and the SQNR in dB;
+- a recommended format with its reason, by Format.AUTO's rule (fp8mix.auto_format.prefer):
+  E5M2 when E4M3 would lose (underflow + overflow) more than AutoFormat's range tolerance
+  (1%) of the values and E5M2 less than half as many, else the format with the higher
+  SQNR (E4M3 for nearly every tensor whose range fits: one more mantissa bit);
+- whether the layer should stay in high precision (SQNR below 20 dB in its recommended
+  format, or a tiny layer).
 
 torch.load of a model file uses ``weights_only=False``: it runs code from the file, so
 only inspect files you trust.
@@ -33,11 +38,14 @@ import sys
 import torch
 import torch.nn as nn
 
-from .cli import UsageError
+import fp8mix
+from fp8mix.auto_format import AutoFormat, prefer
+from fp8mix.numerics import QuantStats, quant_stats
+from fp8mix.recipe import role_format
 
-E4M3_BINADES = math.log2(448.0 / 2.0 ** -9)  # ~17.8: max over min subnormal
-E5M2_BINADES = math.log2(57344.0 / 2.0 ** -16)  # ~31.8
-UNDERFLOW_LIMIT = 0.01  # E4M3 rejected when it would flush more than this fraction of nonzeros
+from ._common import UsageError, json_safe, pick_device
+
+AUTO_POLICY = AutoFormat()  # Format.AUTO's defaults: the same range tolerance as training's choice
 SQNR_LIMIT_DB = 20.0  # below this in the best format, keep the layer in high precision
 TINY_WEIGHTS = 4096  # layers with fewer weights save little in FP8
 ROLES = ("input", "weight", "grad_output")
@@ -46,37 +54,18 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 
 
 # ---- tensor statistics --------------------------------------------------------------
-def cast_stats(x: torch.Tensor, fmt, scale=None, granularity: str = "tensor", sqnr: bool = True) -> dict:
-    """Cast `x` to FP8 `fmt` with `scale` (None: current scaling) and count what was lost.
-
-    Returns a dict: ``numel``, ``overflow`` (finite elements out of range: non-finite in a
-    non-saturating cast, which is where saturation would clamp), ``underflow`` (nonzero
-    elements that became 0) and, with `sqnr`, ``sqnr_db`` (signal over error of the
-    saturating cast, in dB; inf when exact). Counts are ints, so they can be summed.
-    """
-    from . import amax, quantize
-    from .formats import Format, _single
-
+def cast_stats(x: torch.Tensor, fmt, scale=None, granularity: str = "tensor") -> QuantStats:
+    """Statistics of the saturating cast of `x` to FP8 `fmt` with `scale` (None: current
+    scaling), from fp8mix.numerics.quant_stats (the C kernel): counts of underflow
+    (finite non-zero -> 0), overflow (beyond the range after scaling: what saturation
+    clips), non-finite inputs, and the SQNR."""
     x = x.detach()
     if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         x = x.float()
     x = x.reshape(-1, x.shape[-1]) if x.dim() >= 2 else x.reshape(1, -1)
     if scale is not None and isinstance(scale, torch.Tensor):
         scale = scale.detach().to(device=x.device, dtype=torch.float32).reshape(())
-    q_ns = quantize(x, fmt, scale, granularity=granularity, saturate=False)
-    b = q_ns.data.view(torch.uint8) & 0x7F  # sign dropped
-    special = 0x7F if _single(fmt) is Format.E4M3 else 0x7C  # from here up: NaN (E4M3), inf/NaN (E5M2)
-    nonfinite_in = 0 if math.isfinite(float(amax(x))) else int((~torch.isfinite(x)).sum())
-    overflow = int((b >= special).sum()) - nonfinite_in
-    underflow = int((b == 0).sum()) - int((x == 0).sum())
-    out = {"numel": x.numel(), "overflow": overflow, "underflow": underflow}
-    if sqnr:
-        xf = x.float()
-        err = (quantize(x, fmt, scale, granularity=granularity).dequantize(torch.float32) - xf).pow(2)
-        err = float(err.sum(dtype=torch.float64))
-        sig = float(xf.pow(2).sum(dtype=torch.float64))
-        out["sqnr_db"] = float("inf") if err == 0 else 10.0 * math.log10(max(sig, 1e-300) / err)
-    return out
+    return quant_stats(x, fp8mix.quantize(x, fmt, scale, granularity=granularity))
 
 
 def dynamic_range(x: torch.Tensor) -> float:
@@ -88,21 +77,12 @@ def dynamic_range(x: torch.Tensor) -> float:
     return float(torch.log2(a.max() / a.min()))
 
 
-def recommend(role: str, stats: dict, drange: float) -> tuple[str, str]:
-    """(format, reason) for one tensor role from its per-format stats and dynamic range."""
-    e4, e5 = stats["E4M3"], stats["E5M2"]
-    u4 = e4["underflow"] / max(e4["numel"], 1)
-    o4 = e4["overflow"] / max(e4["numel"], 1)
-    if role == "grad_output":
-        return "E5M2", (f"gradient: range matters more than precision (HYBRID); E4M3 would flush "
-                        f"{100 * u4:.2f}% to 0, overflow {100 * o4:.2f}% (SQNR {e4['sqnr_db']:.1f} dB vs "
-                        f"E5M2 {e5['sqnr_db']:.1f} dB)")
-    if u4 > UNDERFLOW_LIMIT or o4 > UNDERFLOW_LIMIT:
-        lost = f"flush {100 * u4:.2f}% to 0" if u4 >= o4 else f"overflow {100 * o4:.2f}%"
-        return "E5M2", f"E4M3 would {lost} (> {100 * UNDERFLOW_LIMIT:g}%); range {drange:.1f} binades"
-    fits = "fits" if drange <= E4M3_BINADES else "exceeds"
-    return "E4M3", (f"range {drange:.1f} binades {fits} E4M3's {E4M3_BINADES:.1f}; underflow "
-                    f"{100 * u4:.2f}%, SQNR {e4['sqnr_db']:.1f} dB vs E5M2 {e5['sqnr_db']:.1f} dB")
+def recommend(stats: dict) -> tuple[str, str]:
+    """(format name, reason) for one tensor from its E4M3 and E5M2 QuantStats: the rule of
+    Format.AUTO (fp8mix.auto_format.prefer, with AutoFormat's default range tolerance),
+    so inspect and AUTO give the same advice for the same casts."""
+    fmt, reason = prefer(stats["E4M3"], stats["E5M2"], AUTO_POLICY.range_tolerance)
+    return fmt.name, reason
 
 
 # ---- loading the model and its input -----------------------------------------------
@@ -198,7 +178,7 @@ class _Capture:
 
     def __init__(self, layers: dict):
         self.layers = layers
-        self.data = {name: {} for name in layers}
+        self.data: dict = {name: {} for name in layers}
         self.handles = []
         for name, layer in layers.items():
             self.handles.append(layer.register_forward_pre_hook(self._pre(name)))
@@ -237,29 +217,23 @@ def _amax_range(layer, role: int):
 
 def _role_report(role: str, tensor: torch.Tensor, scale, amax_range) -> dict:
     """Stats of one captured tensor under E4M3 and E5M2, both scaled from the same amax basis."""
-    from .formats import Format, fp8_max
-    from .recipe import role_format
-
-    used = role_format(Format.HYBRID, role)
-    basis = None if scale is None else fp8_max(used) / float(scale)  # the amax the used scale came from
+    used = role_format(fp8mix.Format.HYBRID, role)
+    basis = None if scale is None else fp8mix.fp8_max(used) / float(scale)  # the amax the used scale came from
     stats = {}
-    for fmt in (Format.E4M3, Format.E5M2):
-        s = None if basis is None or not math.isfinite(basis) or basis <= 0 else fp8_max(fmt) / basis
+    for fmt in (fp8mix.Format.E4M3, fp8mix.Format.E5M2):
+        s = None if basis is None or not math.isfinite(basis) or basis <= 0 else fp8mix.fp8_max(fmt) / basis
         s = s if s is None or (math.isfinite(s) and s > 0) else None
         stats[fmt.name] = cast_stats(tensor, fmt, s)
     drange = dynamic_range(tensor)
-    fmt, reason = recommend(role, stats, drange)
-    pct = {f: {"overflow_pct": 100.0 * st["overflow"] / max(st["numel"], 1),
-               "underflow_pct": 100.0 * st["underflow"] / max(st["numel"], 1),
-               "sqnr_db": st["sqnr_db"]} for f, st in stats.items()}
-    return {"amax_range": amax_range, "dynamic_range_binades": drange, "recommended": fmt, "reason": reason,
+    rec, reason = recommend(stats)
+    pct = {f: {"overflow_pct": 100.0 * st.overflow_frac, "underflow_pct": 100.0 * st.underflow_frac,
+               "sqnr_db": st.sqnr_db} for f, st in stats.items()}
+    return {"amax_range": amax_range, "dynamic_range_binades": drange, "recommended": rec, "reason": reason,
             "formats": pct, "scale_basis_amax": basis}
 
 
 def _layer_report(name: str, layer, captured: dict) -> dict:
     """The JSON entry of one fp8mix.Linear."""
-    from .linear import Linear
-
     entry = {"layer": name, "in_features": layer.in_features, "out_features": layer.out_features,
              "ran_in_fp8": int(layer.fp8_steps[0]) > 0, "roles": {}}
     for i, role in enumerate(ROLES):
@@ -267,8 +241,8 @@ def _layer_report(name: str, layer, captured: dict) -> dict:
             t, s = captured[role]
             entry["roles"][role] = _role_report(role, t, s, _amax_range(layer, i))
     reasons = []
-    if min(layer.in_features, layer.out_features) < Linear.fp8_min_features:
-        reasons.append(f"fewer than {Linear.fp8_min_features} features (runs in high precision anyway)")
+    if min(layer.in_features, layer.out_features) < fp8mix.Linear.fp8_min_features:
+        reasons.append(f"fewer than {fp8mix.Linear.fp8_min_features} features (runs in high precision anyway)")
     elif layer.in_features * layer.out_features < TINY_WEIGHTS:
         reasons.append(f"tiny ({layer.in_features * layer.out_features} < {TINY_WEIGHTS} weights): FP8 saves little")
     for role, r in entry["roles"].items():
@@ -323,11 +297,7 @@ def print_report(entries: list, out=None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Entry point of `python -m fp8mix inspect` (args from fp8mix.cli)."""
-    import fp8mix
-
-    from .demo import pick_device
-
+    """Entry point of `python -m fp8mix inspect` (args from fp8mix.tools.cli)."""
     if args.steps < 1:
         raise UsageError(f"--steps must be >= 1, got {args.steps}")
     if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
@@ -360,11 +330,12 @@ def run(args: argparse.Namespace) -> int:
         except Exception as exc:
             msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             raise UsageError(f"model step failed with this input: {type(exc).__name__}: {msg}") from None
+    assert cap is not None  # args.steps >= 1: the last step captured
     cap.remove()
     entries = [_layer_report(n, layers[n], cap.data[n]) for n in layers]
     if args.json:
         report = {"model": args.model, "steps": args.steps, "loss": "out.float().pow(2).mean()",
-                  "thresholds": {"e4m3_underflow": UNDERFLOW_LIMIT, "sqnr_db": SQNR_LIMIT_DB,
+                  "thresholds": {"e4m3_lost": AUTO_POLICY.range_tolerance, "sqnr_db": SQNR_LIMIT_DB,
                                  "tiny_weights": TINY_WEIGHTS},
                   "layers": entries}
         try:
@@ -375,20 +346,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"fp8mix inspect: {args.model} - {len(layers)} linear layers, {args.steps} steps under "
           "DelayedScaling(HYBRID), loss = out.float().pow(2).mean(); stats of the last step")
     print("columns: amax range from fp8_amax_history; bin = log2(max/min nonzero |x|); per format "
-          "overflow% / underflow% (nonzero -> 0) / SQNR dB, scaled from the amax delayed scaling used")
+          "overflow% (clipped or not finite) / underflow% (-> 0), of the non-zero values, / SQNR dB, scaled from "
+          "the amax delayed scaling used; rec: Format.AUTO's rule")
     print()
     print_report(entries)
     if args.json:
         print(f"\nwrote {args.json}")
     return 0
 
-
-def json_safe(o):
-    """`o` with non-finite floats replaced by strings ("inf", "nan"), so the JSON is standard."""
-    if isinstance(o, float) and not math.isfinite(o):
-        return str(o)
-    if isinstance(o, dict):
-        return {k: json_safe(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [json_safe(v) for v in o]
-    return o

@@ -1,0 +1,305 @@
+/*
+ * gemm_blocked.c — the float32-accumulation GEMM driver (ACCUM_FP32): the
+ * Goto/BLIS loop nest, with FP8 decoded exactly once per packed panel so
+ * that the microkernel only multiplies and adds.
+ *
+ *   for jc over N in chunks of NC columns:
+ *     for pc over K in steps of KC:
+ *       pack B[pc : pc+KC, jc : jc+NC]         -> shared B panel (parallel over NR slivers)
+ *       parallel over tasks = (MC-row block) x (group of slivers):
+ *         pack A[rows, pc : pc+KC]              -> the worker's A block
+ *         for each sliver, for each MR panel:   C tile (+)= A panel x B sliver
+ *         after the last K step, each tile's epilogue right after its last microkernel
+ *
+ * C is the float32 output itself, or, for a bf16 / f16 output, a float32
+ * accumulator of M x NC.  Each C element is owned by one task per K step and
+ * its K run is walked in order, so results do not depend on the tiling or the
+ * thread count (gemm_internal.h).  Scales and bias are applied once, in the
+ * epilogue (gemm.c's rules).
+ *
+ * Memory: the B panel (KC x NC values, 2 MiB at most), one A block per worker
+ * (MC x KC) and, for non-float32 outputs, the accumulator (8 MiB at most: NC
+ * shrinks with M).  They come from one workspace that is kept for the next
+ * call (a freshly mapped one page-faults on every call), up to WS_KEEP bytes.
+ * Not covered: the microkernels and packing (gemm.c, x86/gemm_*.c) and their
+ * choice (dispatch.c).
+ */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gemm_internal.h"
+
+#define KC 256                /* K step: a multiple of 128 (block scales), even */
+#define MC_TARGET 144         /* rows of an A block (rounded to the kernel's MR) */
+#define NC_MAX 2048           /* columns of a B panel                          */
+#define ACC_WORDS (2 << 20)   /* accumulator cap for non-float32 outputs       */
+#define MAX_TILE (32 * 32)    /* MR x NR of the widest kernel                   */
+#define GEMM_GRAIN (1 << 22)  /* multiply-adds worth a thread                  */
+#define WS_KEEP (24u << 20)   /* largest workspace kept between calls           */
+
+typedef struct plan {
+    const fp8mix_gemm_args *g;
+    const fp8mix_gemm_ukernel *uk;
+    int64_t mr, nr, mc, nc, n_ic;
+    int block;                 /* BLOCK scales                                   */
+    int64_t nkb, nnb;          /* BLOCK: scale blocks along K and along N        */
+    /* the current column chunk and K step */
+    int64_t jc, ncc, nsl;      /* chunk start, width, NR slivers                 */
+    int64_t n_jg, sl_per_jg;   /* column groups of the compute tasks             */
+    int64_t pc, kc, kce, ksl;  /* K step start, depth, even depth, packed slots  */
+    int last;                  /* this is the last K step                        */
+    uint32_t *bpanel;          /* nsl slivers of ksl * nr words                  */
+    uint32_t *ablk;            /* per worker: mc / mr panels of ksl * mr words   */
+    size_t ablk_words;
+    float *acc;                /* non-float32 output: M x ldacc accumulator      */
+    int64_t ldacc;
+} plan;
+
+static inline int64_t slots(const plan *pl, int64_t k) { return pl->uk->bf16 ? k / 2 : k; }
+static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* The float32 C element (i, j): the output itself or the accumulator. */
+static inline float *c_at(const plan *pl, int64_t i, int64_t j)
+{
+    const fp8mix_gemm_args *g = pl->g;
+    if (!pl->acc) return (float *)g->out + i * g->ldo + j;
+    return pl->acc + i * pl->ldacc + (j - pl->jc);
+}
+
+static inline int64_t c_ld(const plan *pl) { return pl->acc ? pl->ldacc : pl->g->ldo; }
+
+/* ---- the workspace kept between calls ----------------------------------- */
+
+static pthread_mutex_t ws_mu = PTHREAD_MUTEX_INITIALIZER;
+static void *ws_buf;
+static size_t ws_bytes;
+
+/* A 64-byte aligned workspace of at least `bytes`; *got is its size.  Takes
+ * the kept one when it is large enough and nobody else holds it. */
+static void *ws_take(size_t bytes, size_t *got)
+{
+    void *p = NULL;
+    if (pthread_mutex_trylock(&ws_mu) == 0) {
+        if (ws_buf && ws_bytes >= bytes) {
+            p = ws_buf;
+            *got = ws_bytes;
+            ws_buf = NULL;
+        }
+        pthread_mutex_unlock(&ws_mu);
+    }
+    if (!p) {
+        if (posix_memalign(&p, 64, bytes) != 0) return NULL;
+        *got = bytes;
+    }
+    return p;
+}
+
+/* Give a workspace back: keep the larger of it and the kept one (up to WS_KEEP). */
+static void ws_give(void *p, size_t bytes)
+{
+    if (bytes <= WS_KEEP && pthread_mutex_trylock(&ws_mu) == 0) {
+        if (!ws_buf || ws_bytes < bytes) {
+            void *old = ws_buf;
+            ws_buf = p;
+            ws_bytes = bytes;
+            p = old;
+        }
+        pthread_mutex_unlock(&ws_mu);
+    }
+    free(p);
+}
+
+/* ---- tasks -------------------------------------------------------------- */
+/* Ask for the first `bytes` of `rows` rows (stride ld) ahead of their use:
+ * the rows of the next panel are far apart, and the hardware prefetchers
+ * follow only a few such streams. */
+static inline void prefetch_rows(const uint8_t *p, int64_t ld, int64_t rows, int64_t bytes)
+{
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + r * ld + b);
+}
+
+
+static void pack_b_task(void *ctx, int64_t s, int worker)
+{
+    (void)worker;
+    const plan *pl = (const plan *)ctx;
+    const fp8mix_gemm_args *g = pl->g;
+    int64_t j = pl->jc + s * pl->nr;
+    int nv = (int)min64(pl->nr, g->n - j);
+    uint32_t *dst = pl->bpanel + s * pl->ksl * pl->nr;
+    if (g->b_layout == FP8MIX_B_NK && j + pl->nr < g->n) /* the next sliver's columns */
+        prefetch_rows(g->b + (j + pl->nr) * g->ldb + pl->pc, g->ldb, min64(pl->nr, g->n - j - pl->nr), pl->kc);
+    if (g->b_layout == FP8MIX_B_KN)
+        pl->uk->pack_kcols(g->b + pl->pc * g->ldb + j, g->ldb, nv, (int)pl->nr, pl->kc, g->fmt_b,
+                           pl->uk->bf16, dst);
+    else
+        pl->uk->pack_krows(g->b + j * g->ldb + pl->pc, g->ldb, nv, (int)pl->nr, pl->kc, g->fmt_b,
+                           pl->uk->bf16, dst);
+}
+
+/* One MR x NR tile at rows i.., columns j.. (mv x nv of them valid). */
+static void run_tile(const plan *pl, const uint32_t *as, const uint32_t *bs, int64_t i, int64_t j,
+                     int mv, int nv)
+{
+    const fp8mix_gemm_args *g = pl->g;
+    const fp8mix_gemm_ukernel *uk = pl->uk;
+    int64_t mr = pl->mr, nr = pl->nr, ld = c_ld(pl);
+    float *c = c_at(pl, i, j), tmp[MAX_TILE];
+    int edge = mv < mr || nv < nr, load = pl->pc > 0;
+    if (edge) { /* through a full-size tile: the kernel always writes MR x NR */
+        memset(tmp, 0, sizeof(float) * (size_t)(mr * nr));
+        if (load)
+            for (int r = 0; r < mv; r++) memcpy(tmp + r * nr, c + r * ld, sizeof(float) * (size_t)nv);
+        c = tmp;
+        ld = nr;
+    }
+    if (!pl->block) {
+        uk->fn(pl->kce, as, bs, c, ld, load, NULL);
+    } else {
+        float rs[32];
+        for (int64_t sb = 0; sb < pl->kc; sb += FP8MIX_BLOCK) {
+            int64_t kk = min64(FP8MIX_BLOCK, pl->kc - sb), kb = (pl->pc + sb) / FP8MIX_BLOCK;
+            /* fp8mix_gemm_block_scale(g, i + r, kb, j), with the block counts hoisted */
+            const float *sa = g->scale_a + i * pl->nkb + kb;
+            float sbv = g->scale_b[kb * pl->nnb + j / FP8MIX_BLOCK];
+            for (int r = 0; r < mr; r++) rs[r] = r < mv ? sa[r * pl->nkb] * sbv : 0.0f;
+            uk->fn(kk + (kk & 1), as + slots(pl, sb) * mr, bs + slots(pl, sb) * nr, c, ld, pl->pc + sb > 0, rs);
+        }
+    }
+    if (edge)
+        for (int r = 0; r < mv; r++) memcpy(c_at(pl, i + r, j), tmp + r * nr, sizeof(float) * (size_t)nv);
+    if (pl->last) /* the tile's sums are final: scales, bias, rounding while it is in L1 */
+        fp8mix_gemm_epilogue(g, i, mv, j, nv, c_at(pl, i, j), c_ld(pl));
+}
+
+
+static void compute_task(void *ctx, int64_t t, int worker)
+{
+    const plan *pl = (const plan *)ctx;
+    const fp8mix_gemm_args *g = pl->g;
+    int64_t mr = pl->mr, nr = pl->nr, ksl = pl->ksl;
+    int64_t i0 = (t / pl->n_jg) * pl->mc, mcc = min64(pl->mc, g->m - i0);
+    int64_t s0 = (t % pl->n_jg) * pl->sl_per_jg, s1 = min64(pl->nsl, s0 + pl->sl_per_jg);
+    int64_t npan = ceil_div(mcc, mr);
+    uint32_t *ab = pl->ablk + (size_t)worker * pl->ablk_words;
+    for (int64_t p = 0; p < npan; p++) {
+        int64_t i = i0 + p * mr;
+        int nv = (int)min64(mr, mcc - p * mr);
+        uint32_t *dst = ab + p * ksl * mr;
+        if (g->a_layout == FP8MIX_A_KM) {
+            pl->uk->pack_kcols(g->a + pl->pc * g->lda + i, g->lda, nv, (int)mr, pl->kc, g->fmt_a, pl->uk->bf16, dst);
+            continue;
+        }
+        const uint8_t *a = g->a + i * g->lda + pl->pc;
+        if (p + 1 < npan) prefetch_rows(a + mr * g->lda, g->lda, min64(mr, mcc - (p + 1) * mr), pl->kc);
+        pl->uk->pack_krows(a, g->lda, nv, (int)mr, pl->kc, g->fmt_a, pl->uk->bf16, dst);
+    }
+    for (int64_t s = s0; s < s1; s++) {
+        int64_t j = pl->jc + s * nr;
+        int nv = (int)min64(nr, g->n - j);
+        const uint32_t *bs = pl->bpanel + s * ksl * nr;
+        for (int64_t p = 0; p < npan; p++)
+            run_tile(pl, ab + p * ksl * mr, bs, i0 + p * mr, j, (int)min64(mr, mcc - p * mr), nv);
+    }
+}
+
+/* K == 0: every sum is +0; only the epilogue runs. */
+static void k0_task(void *ctx, int64_t i, int worker)
+{
+    (void)worker;
+    const fp8mix_gemm_args *g = (const fp8mix_gemm_args *)ctx;
+    float v[256];
+    for (int64_t j0 = 0; j0 < g->n; j0 += 256) {
+        int64_t n = min64(256, g->n - j0);
+        memset(v, 0, sizeof v);
+        fp8mix_gemm_epilogue(g, i, 1, j0, n, v, 256);
+    }
+}
+
+/* ---- the plan and the loop nest ----------------------------------------- */
+
+/* Block sizes for the shape and worker count; returns the workspace bytes. */
+static size_t plan_sizes(plan *pl, int workers)
+{
+    const fp8mix_gemm_args *g = pl->g;
+    int64_t M = g->m, N = g->n, mr = pl->mr, nr = pl->nr;
+    pl->n_ic = ceil_div(M, MC_TARGET);
+    pl->mc = ceil_div(ceil_div(M, pl->n_ic), mr) * mr;
+    pl->n_ic = ceil_div(M, pl->mc);
+    int64_t nc_cap = NC_MAX;
+    if (g->out_t != FP8MIX_F32) { /* the accumulator is M x NC floats */
+        int64_t fit = (ACC_WORDS / M) / nr * nr;
+        nc_cap = fit < nr ? nr : (fit < nc_cap ? fit : nc_cap);
+    }
+    int64_t n_jc = ceil_div(N, nc_cap);
+    pl->nc = ceil_div(ceil_div(N, n_jc), nr) * nr;
+    int64_t ksl = slots(pl, KC);
+    pl->ablk_words = (size_t)(pl->mc * ksl);
+    size_t words = (size_t)(pl->nc * ksl) + pl->ablk_words * (size_t)workers;
+    if (g->out_t != FP8MIX_F32) {
+        pl->ldacc = pl->nc + 16; /* rows 4 KiB apart would alias in L1 */
+        words += (size_t)(M * pl->ldacc);
+    }
+    return words * 4;
+}
+
+/* Tasks of the compute loop: row blocks, split into column groups when there
+ * are too few of them to keep the workers busy (and balanced). */
+static void plan_groups(plan *pl, int workers)
+{
+    pl->n_jg = 1;
+    if (workers > 1 && pl->n_ic < 4 * workers) pl->n_jg = ceil_div(4 * workers, pl->n_ic);
+    if (pl->n_jg > pl->nsl) pl->n_jg = pl->nsl;
+    pl->sl_per_jg = ceil_div(pl->nsl, pl->n_jg);
+    pl->n_jg = ceil_div(pl->nsl, pl->sl_per_jg);
+}
+
+fp8mix_status fp8mix_gemm_blocked(const fp8mix_gemm_args *g)
+{
+    return fp8mix_gemm_blocked_with(g, fp8mix_gemm_ukernel_active());
+}
+
+fp8mix_status fp8mix_gemm_blocked_with(const fp8mix_gemm_args *g, const fp8mix_gemm_ukernel *uk)
+{
+    int64_t M = g->m, N = g->n, K = g->k;
+    double work = (double)M * (double)N * (double)(K > 0 ? K : 1);
+    int workers = fp8mix_workers_for(work > 4e18 ? INT64_MAX : (int64_t)work, GEMM_GRAIN);
+    if (K == 0) {
+        fp8mix_parallel_for(M, fp8mix_workers_for(M * N, 1 << 16), k0_task, (void *)g);
+        return FP8MIX_OK;
+    }
+    plan pl;
+    memset(&pl, 0, sizeof pl);
+    pl.g = g;
+    pl.uk = uk;
+    pl.mr = pl.uk->mr;
+    pl.nr = pl.uk->nr;
+    pl.block = g->scale_a_kind == FP8MIX_MM_SCALE_BLOCK;
+    pl.nkb = ceil_div(K, FP8MIX_BLOCK);
+    pl.nnb = ceil_div(N, FP8MIX_BLOCK);
+    size_t got = 0, bytes = plan_sizes(&pl, workers);
+    uint32_t *ws = (uint32_t *)ws_take(bytes, &got);
+    if (!ws) return FP8MIX_ERR_NO_MEMORY;
+    pl.bpanel = ws;
+    pl.ablk = ws + pl.nc * slots(&pl, KC);
+    if (g->out_t != FP8MIX_F32) pl.acc = (float *)(pl.ablk + pl.ablk_words * (size_t)workers);
+    int pack_workers = fp8mix_workers_for(N * (K < KC ? K : KC), 1 << 16);
+    for (pl.jc = 0; pl.jc < N; pl.jc += pl.nc) {
+        pl.ncc = min64(pl.nc, N - pl.jc);
+        pl.nsl = ceil_div(pl.ncc, pl.nr);
+        plan_groups(&pl, workers);
+        for (pl.pc = 0; pl.pc < K; pl.pc += KC) {
+            pl.kc = min64(KC, K - pl.pc);
+            pl.kce = pl.kc + (pl.kc & 1);
+            pl.ksl = slots(&pl, pl.kce);
+            pl.last = pl.pc + KC >= K;
+            fp8mix_parallel_for(pl.nsl, pack_workers, pack_b_task, &pl);
+            fp8mix_parallel_for(pl.n_ic * pl.n_jg, workers, compute_task, &pl);
+        }
+    }
+    ws_give(ws, got);
+    return FP8MIX_OK;
+}
