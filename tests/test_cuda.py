@@ -1,16 +1,20 @@
 """CUDA backend vs the CPU oracle (csrc/cuda vs csrc/core).
 
 Cheap smoke tests come first (one cast, one GEMM, one Linear step, the self-check), so
-that a broken build shows at once.  Then: every cast mode must give the CPU's bytes
+that a broken build shows at once. Then: every cast mode must give the CPU's bytes
 exactly (rounding, stochastic rounding with the same Philox stream, every granularity,
 transpose, f32/bf16/f16 inputs, saturating and not, inf_to_nan, empty tensors), amax,
 quantize_current and quant_stats the CPU's bits / counts; the delayed-scaling kernel
-must match a plain re-derivation; scaled_mm (cuBLASLt) must agree with the CPU GEMM
-and with torch._scaled_mm to within summation order and Hopper's FP22 accumulation
+must match a plain re-derivation; the per-tensor recipes' ops (delayed_cast,
+delayed_record, delayed_flush, grad_cast with its pending max and column sums, tensor-
+held rng streams) the CPU's outputs and state bit for bit, with their documented launch
+counts and no host sync; scaled_mm (cuBLASLt) must agree with the CPU GEMM and with
+torch._scaled_mm to within summation order and Hopper's FP22 accumulation
 (fp8mix.cuda.compare's tolerance); the torch._scaled_mm fallback likewise; one
 fp8mix.Linear training step must capture into a CUDA graph and replay to the eager
-result; fp8mix.Linear on CUDA must track the CPU layer.  Skipped cleanly without a GPU
-or without a CUDA build of fp8mix.
+result; fp8mix.Linear on CUDA must track the CPU layer (and, under delayed scaling, keep
+the CPU's state bits). Skipped cleanly without a GPU or without a CUDA build of fp8mix;
+FP8MIX_CUDA_TESTS_ON=cpu dry-runs the file's own code on the CPU.
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ import torch
 import fp8mix
 from fp8mix import ops  # noqa: F401  (loads the native library)
 from fp8mix.cuda import _capi, fallback, selfcheck
+from fp8mix.cuda import recipe_cases as rc
 from fp8mix.cuda.compare import Case, gemm_bound, verify
 
 # FP8MIX_CUDA_TESTS_ON=cpu: a dry run of this file's own code with the CPU standing in for
@@ -398,6 +403,167 @@ def test_delayed_update_kernel_matches_rederivation(algo, interval, pow2):
             assert int(steps[i]) == st
 
 
+# ---- per-tensor recipes: delayed_cast / delayed_record / delayed_flush / grad_cast -------
+# Each case runs the op on DEV and on the CPU from one state and compares the outputs and
+# every state tensor afterwards (history, scale, steps, pending ring, next slot) bit for bit
+# (fp8mix.cuda.recipe_cases, the self-check's builders, here over many more modes).
+
+def _verify_pairs(pairs) -> None:
+    assert pairs, "a case compared nothing"
+    verify([Case(name, got.cpu(), want) for name, got, want in pairs])
+
+
+_RECIPE_SHAPES = [((64, 256), True, False), ((37, 203), False, True), ((1, 16), True, True), ((257, 129), True, False),
+                  ((0, 32), True, False), ((3, 5, 48), False, False)]  # (shape, transpose, stochastic rounding)
+
+
+@pytest.mark.parametrize("spec", rc.SPECS, ids=str)
+@pytest.mark.parametrize("dtype", HP, ids=str)
+@pytest.mark.parametrize("fmt", [E4, E5], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("use", ["steady", "first_use", "first_use_fresh_amax"])
+@pytest.mark.parametrize("record", [True, False], ids=["record", "norecord"])
+def test_delayed_cast_matches_cpu(spec, dtype, fmt, use, record):
+    out: list = []
+    for i, (shape, transpose, sr) in enumerate(_RECIPE_SHAPES):
+        rc.delayed_cast_case(DEV, out, shape=shape, dtype=dtype, fmt=fmt, spec=spec, role=i % rc.ROLES, record=record,
+                             transpose=transpose, first_use=use != "steady", fresh=use == "first_use_fresh_amax",
+                             sr=sr, seed=i)
+    _verify_pairs(out)
+
+
+@pytest.mark.parametrize("spec", rc.SPECS + (rc.Spec(history_len=16, algo="most_recent", interval=1),), ids=str)
+@pytest.mark.parametrize("fmt", [E4, E5], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("first_use", [False, True], ids=["steady", "first_use"])
+def test_delayed_record_and_rescale_match_cpu(spec, fmt, first_use):
+    out: list = []
+    for seed in range(3):
+        rc.record_case(DEV, out, spec=spec, fmt=fmt, first_use=first_use, seed=seed)
+    _verify_pairs(out)
+
+
+# (filled slots, head): in order, wrapping, full, empty, a head outside the ring (restarts at 0)
+_RINGS = [((1, 2), 1), ((0, 3), 3), ((0, 1, 2, 3), 2), ((), 0), ((2,), 9), ((1,), -4)]
+
+
+@pytest.mark.parametrize("spec", rc.SPECS, ids=str)
+@pytest.mark.parametrize("ring", _RINGS, ids=str)
+@pytest.mark.parametrize("mode", ["record_reserve", "record", "plan_only"])
+@pytest.mark.parametrize("first_use", [False, True], ids=["steady", "first_use"])
+def test_delayed_flush_matches_cpu(spec, ring, mode, first_use):
+    out: list = []
+    rc.flush_case(DEV, out, spec=spec, filled=ring[0], head=ring[1], record=mode != "plan_only",
+                  reserve=mode == "record_reserve", first_use=first_use, seed=len(ring[0]))
+    _verify_pairs(out)
+
+
+# (slot, value it holds first): empty, smaller, larger than the cast's amax (the pending max)
+_SLOTS = [(1, -1.0), (3, 1e-9), (0, 1e9), (None, 0.0)]
+
+
+@pytest.mark.parametrize("plan", ["delayed", "fresh", "none"])
+@pytest.mark.parametrize("dtype", HP, ids=str)
+@pytest.mark.parametrize("slot", _SLOTS, ids=str)
+@pytest.mark.parametrize("scaling", [(0, False, 0.0), (2, True, 1e-3)], ids=["plain", "margin_pow2_eps"])
+def test_grad_cast_matches_cpu(plan, dtype, slot, scaling):
+    out: list = []
+    # the column sums over many rows and odd widths: each column summed in row order 0..M-1
+    for i, (shape, transpose, sr) in enumerate(_RECIPE_SHAPES + [((1031, 67), True, False), ((512, 600), False, True)]):
+        rc.grad_cast_case(DEV, out, shape=shape, dtype=dtype, fmt=E5 if i % 2 else E4, plan=plan, slot=slot[0],
+                          slot_value=slot[1], colsum=i % 3 != 2, transpose=transpose, margin=scaling[0],
+                          pow2=scaling[1], eps=scaling[2], sr=sr, seed=i)
+    _verify_pairs(out)
+
+
+@pytest.mark.parametrize("spec", rc.SPECS, ids=str)
+@pytest.mark.parametrize("dtype", HP, ids=str)
+@pytest.mark.parametrize("sr", [False, True], ids=["rn", "sr"])
+def test_delayed_training_chain_matches_cpu(spec, dtype, sr):
+    """flush -> x / W casts (first use at step 0) -> 0, 1 or 2 grad casts into the slot,
+    for more steps than the ring and the history hold (wrap-around, interval, merges)."""
+    out: list = []
+    rc.chain_case(DEV, out, steps=7, spec=spec, dtype=dtype, sr=sr, backwards=(1, 2, 0, 1), seed=3)
+    _verify_pairs(out)
+
+
+@pytest.mark.parametrize("op", ["cast", "quantize"])
+@pytest.mark.parametrize("gran", GRANS)
+@pytest.mark.parametrize("offset_skip", [(0, 0), (6, 3), (2**40 + 1, 17)], ids=str)
+@pytest.mark.parametrize("transpose", [False, True], ids=["q", "qqt"])
+def test_rng_tensor_streams_match_cpu(op, gran, offset_skip, transpose):
+    out: list = []
+    for i, (shape, dtype) in enumerate((((37, 203), torch.float16), ((64, 256), torch.bfloat16),
+                                        ((130, 200), torch.float32))):
+        rc.rng_cast_case(DEV, out, op=op, gran=gran, shape=shape, dtype=dtype, fmt=E5 if i % 2 else E4,
+                         offset=offset_skip[0], skip=offset_skip[1], transpose=transpose, seed=i)
+    _verify_pairs(out)
+
+
+def test_rng_tensor_stream_is_not_the_seed_arguments():
+    """The tensor-held stream decides the bits: a different key or offset changes them,
+    the plain seed / offset arguments then do not (a check of the comparison's power)."""
+    x = rc.values((64, 256), torch.float32, 1, specials=False).to(DEV)
+    s = torch.tensor(1.3, device=DEV)
+
+    def q(key, off, seed):
+        rng = torch.tensor([key, off], dtype=torch.int64, device=DEV)
+        return _bytes(_ops.cast(x, s, E4, 0, True, False, seed, 0, True, False, True, rng, 0)[0])
+
+    base = q(5, 8, 1)
+    assert torch.equal(q(5, 8, 2), base)
+    assert not torch.equal(q(6, 8, 1), base) and not torch.equal(q(5, 12, 1), base)
+
+
+def test_recipe_ops_reject_bad_state():
+    x = torch.randn(16, 32, device=DEV)
+    st = {k: v.to(DEV) for k, v in rc.make_state(0).items()}
+    args = (4, E4, 0, False, "max", 1, True, False, False)
+    with pytest.raises(ValueError, match="history_len"):
+        _ops.delayed_cast(x, st["history"], st["scale"], st["steps"], 0, 99, *args[1:])
+    with pytest.raises((ValueError, IndexError), match="role"):
+        _ops.delayed_cast(x, st["history"], st["scale"], st["steps"], 7, *args)
+    with pytest.raises(TypeError, match="steps"):
+        _ops.delayed_cast(x, st["history"], st["scale"], st["steps"].int(), 0, *args)
+    with pytest.raises(ValueError, match="pending and slot"):
+        _ops.grad_cast(x, E5, None, st["pending"], None, 0, False, 0.0, False, False, False)
+    with pytest.raises(ValueError, match="reserve"):
+        _ops.delayed_flush(st["history"], st["scale"], st["steps"], st["pending"], st["next_slot"], 2, 4, E5, 0,
+                           False, "max", 1, False, True)
+
+
+@gpu_only
+def test_recipe_ops_do_not_sync_and_launch_as_documented():
+    """fp8mix_cuda.h's launch counts (delayed_cast 2, grad_cast 2, record 1, flush 1), and
+    no host sync: torch's sync debug mode raises on any synchronising call."""
+    from torch.profiler import ProfilerActivity, profile
+
+    st = {k: v.to(DEV) for k, v in rc.make_state(0, fresh_roles=(0,)).items()}
+    x, dy = torch.randn(256, 512, device=DEV), torch.randn(256, 384, device=DEV)
+    h, s, n = st["history"], st["scale"], st["steps"]
+    plan = torch.tensor([0.5, 0.0], device=DEV)
+    calls = {
+        "delayed_cast first use": (2, lambda: _ops.delayed_cast(x, h, s, n, 0, 4, E4, 0, False, "max", 1, True, True)),
+        "delayed_cast": (2, lambda: _ops.delayed_cast(x, h, s, n, 1, 4, E4, 0, False, "max", 1, True, True)),
+        "delayed_flush": (1, lambda: _ops.delayed_flush(h, s, n, st["pending"], st["next_slot"], 2, 4, E5, 0, False,
+                                                        "max", 1, True, True)),
+        "grad_cast": (2, lambda: _ops.grad_cast(dy, E5, plan, st["pending"], st["next_slot"], 0, False, 0.0,
+                                                True, True)),
+        "delayed_record": (1, lambda: _ops.delayed_record(h, s, n, 2, 4, s[0], E5, 0, False, "max", 1, False)),
+    }
+    torch.cuda.synchronize()
+    for name, (want, fn) in calls.items():
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        got = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        assert len(got) == want, (name, got)  # kernels only: no memset, no copy
+
+
 # ---- scaled_mm -------------------------------------------------------------------------
 
 def _rel_fro(a, b):
@@ -557,6 +723,10 @@ def test_linear_cuda_tracks_cpu(recipe):
         assert _sqnr_db(xg.grad, xc.grad) > 40, step
         assert _sqnr_db(lin_g.weight.grad, lin_c.weight.grad) > 40, step
         assert _sqnr_db(lin_g.bias.grad, lin_c.bias.grad) > 40, step
+        if recipe == "delayed":  # the state ops are bit-identical: history, scales, steps, ring, slot, rng
+            bufs_c, bufs_g = dict(lin_c.named_buffers()), dict(lin_g.named_buffers())
+            for name in ("fp8_amax_history", "fp8_scale", "fp8_steps", "fp8_grad_pending", "fp8_grad_slot", "fp8_rng"):
+                assert torch.equal(bufs_g[name].cpu(), bufs_c[name]), (step, name)
         lin_c.zero_grad()
         lin_g.zero_grad()
 
