@@ -296,3 +296,39 @@ def test_host_rules_against_the_c_core(tmp_path):
     run = subprocess.run([exe], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0 and "host_rules: ok" in run.stdout, run.stdout + run.stderr
     assert int(re.search(r"\((\d+) checks\)", run.stdout).group(1)) > 100_000
+
+
+# ---- benchmarks/bench_gpu.py's launch row, on the CPU ---------------------------------------
+
+def _bench_gpu(monkeypatch):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("bench_gpu_under_test", os.path.join(ROOT, "benchmarks",
+                                                                                        "bench_gpu.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setattr(mod, "ROWS", [])
+    return mod
+
+
+def test_launch_classification_of_profiler_event_names(monkeypatch):
+    """The names torch.profiler gives CUDA activity (kineto): memsets, copies, kernels."""
+    bench = _bench_gpu(monkeypatch)
+    names = ["Memset (Device)", "Memcpy DtoD (Device -> Device)", "Memcpy HtoD (Pageable -> Device)",
+             "void fp8mix_cuda::state_cast_kernel<(fp8mix_dtype)1, false>(fp8mix_cuda::StateArgs)",
+             "sm90_xmma_gemm_e4m3bf16_e4m3f32_f32_tn_n_tilesize128x128x128_warpgroupsize1x1x1_execute_segment_k_off",
+             "memsetKernel"]  # a kernel whose name merely contains 'memset' stays a kernel
+    assert bench.classify_activity(names) == {"kernels": 3, "memsets": 1, "copies": 2}
+    assert bench.classify_activity([]) == {"kernels": 0, "memsets": 0, "copies": 0}
+
+
+def test_launch_rows_dry_run_count_dispatched_ops(monkeypatch):
+    """--dry-run: one row per recipe, the dispatched ops of a Linear step (no GPU activity
+    to count), verdict DRY; a non-dry run without CUDA activity must not pass."""
+    bench = _bench_gpu(monkeypatch)
+    monkeypatch.setattr(bench, "DRY", True)
+    monkeypatch.setattr(bench, "DEV", "cpu")
+    bench.bench_launches(32)
+    assert [r[1].split()[1] for r in bench.ROWS] == ["delayed", "current", "block"]
+    for r in bench.ROWS:
+        n = int(r[2].split()[0])
+        assert 3 <= n < 200 and r[-1] == "DRY", r  # a fwd+bwd runs at least its three GEMMs
