@@ -18,7 +18,6 @@ and the first differing element (index and both values).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import torch

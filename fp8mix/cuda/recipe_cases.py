@@ -221,10 +221,10 @@ def rng_cast_case(dev, out: list, *, op: str = "cast", gran: int = 0, shape=(37,
     n = {0: 1, 1: rows, 2: rows * -(-shape[-1] // 128), 3: -(-rows // 128) * -(-shape[-1] // 128)}[gran]
     if op == "cast":
         s = torch.rand(n, generator=torch.Generator().manual_seed(seed)) * 4 + 0.05 if gran else torch.tensor(1.7)
-        args = (fmt, gran, True, False, 99, 12, True, transpose, True)
+        args: tuple = (fmt, gran, True, False, 99, 12, True, transpose, True)
         want = OPS.cast(x, s, *args, rng, skip)
         got = OPS.cast(x.to(dev), s.to(dev), *args, rng.to(dev), skip)
-        parts = ("q", "qt", "amax")
+        parts: tuple[str, ...] = ("q", "qt", "amax")
     else:
         args = (fmt, gran, 1, False, 0.0, True, False, 99, 12, True, transpose, True)
         want = OPS.quantize_current(x, *args, rng, skip)
