@@ -174,7 +174,9 @@ fp8mix_status fp8mix_cuda_delayed_update(const fp8mix_cuda_delayed_entry *entrie
  *   fp8mix_cuda_delayed_record 1 (one thread block)
  *   fp8mix_cuda_delayed_flush  1 (one thread block)
  * so an fp8mix.Linear step under delayed scaling launches 1 (flush) + 2 (x) +
- * 2 (W) + 2 (dy) kernels besides its three GEMMs. */
+ * 2 (W) + 2 (dy) kernels besides its three GEMMs (and, with a bias, the copy of
+ * the float32 column sums to the bias dtype that fp8mix.nn makes): 10, 11 with a
+ * bias.  benchmarks/bench_gpu.py measures it (torch.profiler's CUDA activity). */
 
 /* Bytes of `work` for fp8mix_cuda_cast_delayed / _cast_grad / TENSOR quantize_current. */
 size_t fp8mix_cuda_recipe_work_bytes(void);
