@@ -2,6 +2,8 @@
 
   cast (+amax), cast+transpose (+amax): GB/s (bytes read + written) against a
       device-to-device copy measured in the same run                    target >= 0.85
+      (as information: SR, quantize_current, amax, and the recipes' delayed_cast and
+      grad_cast with / without the bias gradient's column sums)
   scaled_mm at 4096^3 and 8192^3, per-tensor / row-wise / 128-block scales: TFLOP/s
       against torch._scaled_mm with the same scales (when this torch has that kind)
       and bf16 torch.mm                                                    target >= 0.95
@@ -109,6 +111,24 @@ def bench_casts(n, quick):
                 copy_bw)
         t = timed(lambda: _ops.amax(x, 0))
         row("cast", f"  amax {dt}", ne * esz / t / 1e9, "GB/s", "copy", copy_bw)
+        bench_recipe_casts(x, copy_bw)
+
+
+def bench_recipe_casts(x, copy_bw):
+    """The per-tensor recipes' casts in a steady state (no first use): delayed_cast with
+    the transpose and its record, grad_cast with the pending max, with and without the
+    bias gradient's column sums (which read x once more, one thread per column)."""
+    esz, ne, dt = x.element_size(), x.numel(), x.dtype
+    hist, scale = torch.zeros(16, 3, device=DEV), torch.full((3,), 2.0, device=DEV)
+    steps = torch.ones(3, dtype=torch.int64, device=DEV)
+    t = timed(lambda: _ops.delayed_cast(x, hist, scale, steps, 0, 16, E4, 0, False, "max", 1, True, True))
+    row("cast", f"  delayed_cast+T+record {dt}", ne * (esz + 2) / t / 1e9, "GB/s", "copy", copy_bw)
+    plan = torch.tensor([2.0, 0.0], device=DEV)
+    pending, slot = torch.full((4,), -1.0, device=DEV), torch.zeros((), dtype=torch.int64, device=DEV)
+    for colsum in (False, True):
+        t = timed(lambda: _ops.grad_cast(x, E5, plan, pending, slot, 0, False, 0.0, True, colsum))
+        row("cast", f"  grad_cast+T{'+colsum' if colsum else ''} {dt}", ne * ((2 if colsum else 1) * esz + 2) / t / 1e9,
+            "GB/s", "copy", copy_bw)
 
 
 # ---- scaled_mm ----------------------------------------------------------------------------
