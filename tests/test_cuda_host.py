@@ -332,3 +332,15 @@ def test_launch_rows_dry_run_count_dispatched_ops(monkeypatch):
     for r in bench.ROWS:
         n = int(r[2].split()[0])
         assert 3 <= n < 200 and r[-1] == "DRY", r  # a fwd+bwd runs at least its three GEMMs
+
+
+def test_launch_rows_without_cuda_activity_fail(monkeypatch):
+    """Not a dry run, but the profiler sees no GPU work (here: the CPU, as on a machine
+    without CUPTI): the row says so and fails instead of passing on the op count."""
+    bench = _bench_gpu(monkeypatch)
+    monkeypatch.setattr(bench, "DEV", "cpu")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    assert bench._cuda_activity(lambda: torch.ones(8).add_(1)) is None
+    bench.bench_launches(32)
+    assert len(bench.ROWS) == 3
+    assert all("no CUDA activity seen" in r[1] and r[-1] == "FAIL" for r in bench.ROWS), bench.ROWS
