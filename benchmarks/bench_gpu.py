@@ -2,12 +2,15 @@
 
   cast (+amax), cast+transpose (+amax): GB/s (bytes read + written) against a
       device-to-device copy measured in the same run                    target >= 0.85
+      (as information: SR, quantize_current, amax, and the recipes' delayed_cast and
+      grad_cast with / without the bias gradient's column sums)
   scaled_mm at 4096^3 and 8192^3, per-tensor / row-wise / 128-block scales: TFLOP/s
       against torch._scaled_mm with the same scales (when this torch has that kind)
       and bf16 torch.mm                                                    target >= 0.95
   fp8mix.Linear fwd+bwd at 4096 and 8192 (M = N = K): speed-up over bf16 nn.Linear
       (target >= 1.3 at 8192) and over torchao's Float8Linear when importable
-  launches per Linear fwd+bwd step (dispatched non-view ops; CUDA kernels as info)
+  launches per Linear fwd+bwd step: the GPU's kernels + memsets + copies (torch.profiler's
+      CUDA activity; dispatched non-view ops as the reference)
       targets <= 10 delayed / current, <= 12 block
 Rows already measured by benchmarks/gpu_check.sh (build, self-check, tests, training
 runs) are read from --rows (JSON lines) and printed in the same table.
@@ -108,6 +111,24 @@ def bench_casts(n, quick):
                 copy_bw)
         t = timed(lambda: _ops.amax(x, 0))
         row("cast", f"  amax {dt}", ne * esz / t / 1e9, "GB/s", "copy", copy_bw)
+        bench_recipe_casts(x, copy_bw)
+
+
+def bench_recipe_casts(x, copy_bw):
+    """The per-tensor recipes' casts in a steady state (no first use): delayed_cast with
+    the transpose and its record, grad_cast with the pending max, with and without the
+    bias gradient's column sums (which read x once more, one thread per column)."""
+    esz, ne, dt = x.element_size(), x.numel(), x.dtype
+    hist, scale = torch.zeros(16, 3, device=DEV), torch.full((3,), 2.0, device=DEV)
+    steps = torch.ones(3, dtype=torch.int64, device=DEV)
+    t = timed(lambda: _ops.delayed_cast(x, hist, scale, steps, 0, 16, E4, 0, False, "max", 1, True, True))
+    row("cast", f"  delayed_cast+T+record {dt}", ne * (esz + 2) / t / 1e9, "GB/s", "copy", copy_bw)
+    plan = torch.tensor([2.0, 0.0], device=DEV)
+    pending, slot = torch.full((4,), -1.0, device=DEV), torch.zeros((), dtype=torch.int64, device=DEV)
+    for colsum in (False, True):
+        t = timed(lambda: _ops.grad_cast(x, E5, plan, pending, slot, 0, False, 0.0, True, colsum))
+        row("cast", f"  grad_cast+T{'+colsum' if colsum else ''} {dt}", ne * ((2 if colsum else 1) * esz + 2) / t / 1e9,
+            "GB/s", "copy", copy_bw)
 
 
 # ---- scaled_mm ----------------------------------------------------------------------------
@@ -226,46 +247,70 @@ class OpCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _kernels(fn) -> int | None:
-    """CUDA kernels, memsets and copies one call of fn launches (torch.profiler), or None."""
-    if DRY:
-        return None
+def classify_activity(names) -> dict[str, int]:
+    """Stream work by kind from the names of torch.profiler's CUDA activity events:
+    memsets ("Memset (Device)"), copies ("Memcpy DtoD (Device -> Device)", ...), and
+    kernels (every other name: a kernel's own)."""
+    out = {"kernels": 0, "memsets": 0, "copies": 0}
+    for n in names:
+        low = n.strip().lower()  # kineto's activity names, not kernels that merely start with "memset"
+        out["memsets" if low.startswith("memset (") else "copies" if low.startswith("memcpy ") else "kernels"] += 1
+    return out
+
+
+def _cuda_activity(fn) -> dict[str, int] | None:
+    """What one call of fn runs on the GPU (classify_activity of torch.profiler's CUDA
+    activity), or None where the profiler sees no CUDA activity (no CUPTI)."""
+    from torch.profiler import ProfilerActivity, profile
     try:
-        from torch.profiler import ProfilerActivity, profile
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            fn()
+        for _ in range(2):  # the first profile initialises CUPTI (its own events are not fn's)
             torch.cuda.synchronize()
-        return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
-    except Exception:  # noqa: BLE001 - no CUPTI: no kernel count
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                fn()
+                torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 - no CUPTI / no CUDA activity kind: no count (the row says so)
+        print(f"torch.profiler failed: {e}")
         return None
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return classify_activity(names) if names else None
 
 
 def bench_launches(n):
+    """Launches (kernels + memsets + copies on the GPU, from the profiler) of one
+    fp8mix.Linear fwd+bwd; the dispatched non-view ops as the reference (and as the
+    count of the CPU dry run, which has no GPU activity)."""
     recipes = {"delayed": (fp8mix.recipe.DelayedScaling(), 10), "current": (fp8mix.recipe.CurrentScaling(), 10),
                "block": (fp8mix.recipe.BlockScaling(), 12)}
     for name, (rec, target) in recipes.items():
         lin = fp8mix.Linear(n, n, device=DEV, dtype=torch.bfloat16)
         x = torch.randn(n, n, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+        dy = torch.ones(n, n, device=DEV, dtype=torch.bfloat16)  # made once: not the step's launch
 
         def step():
             lin.zero_grad(set_to_none=True)  # as a training step does: no gradient accumulation
             x.grad = None
             with fp8mix.fp8_autocast(enabled=True, fp8_recipe=rec):
                 y = lin(x)
-            y.backward(torch.ones_like(y))
+            y.backward(dy)
 
         for _ in range(3):  # steady state (delayed scaling's history filled, caches warm)
             step()
         cnt = OpCounter()
         with cnt:
             step()
-        total = sum(cnt.ops.values()) - 1  # minus ones_like, the test's own dy
-        kern = _kernels(step)
+        ops_n = sum(cnt.ops.values())
         top = ", ".join(f"{k} {v}" for k, v in sorted(cnt.ops.items(), key=lambda kv: -kv[1])[:6])
-        ROWS.append(("launch", f"Linear {name} fwd+bwd ops [{top}]"[:110], f"{total:9d} ops",
-                     "" if kern is None else f"CUDA kernels {kern}", "", f"<= {target}",
-                     verdict(total <= target)))
+        act = None if DRY else _cuda_activity(step)
+        if act is None:  # the dry run, or no CUPTI: only the dispatched ops are known
+            what = f"Linear {name} fwd+bwd dispatched ops ({'dry run' if DRY else 'no CUDA activity seen'}) [{top}]"
+            ROWS.append(("launch", what[:110], f"{ops_n:9d} ops", "", "", f"<= {target}",
+                         verdict(ops_n <= target) if DRY else "FAIL"))
+            continue
+        total = sum(act.values())
+        print(f"launches, Linear {name} fwd+bwd: {act} (dispatched ops: {ops_n}: {top})")
+        ROWS.append(("launch", f"Linear {name} fwd+bwd GPU launches ({act['kernels']} kernels, {act['memsets']} "
+                     f"memsets, {act['copies']} copies)", f"{total:9d}", f"dispatched ops {ops_n}", "",
+                     f"<= {target}", verdict(total <= target)))
 
 
 # ---- the table -------------------------------------------------------------------------------

@@ -21,7 +21,10 @@
 # cuda.xml, test_summary.txt, train.log, bench.log, table.json, demo/.
 # Without a GPU (or with a CPU-only torch) the build stage still runs (a CPU build,
 # same offline pip command), then the script exits 3 naming the reason;
-# GPU_CHECK_DRY_RUN=1 then also runs the Python stages on the CPU (verdict DRY).
+# GPU_CHECK_DRY_RUN=1 then also runs the Python stages on the CPU (verdict DRY; the
+# self-check and part of tests/test_cuda.py with the CPU as the device).
+# GPU_CHECK_BUILD=inplace builds with setup.py build_ext --inplace instead of pip (no
+# install: for a shared interpreter).
 #
 # Usage: bash benchmarks/gpu_check.sh   (from anywhere; env PYTHON picks the interpreter)
 set -uo pipefail
@@ -89,7 +92,11 @@ fi
 TB=$(date +%s)
 BUILD_HOW="pip install -e . offline"
 build_ok=0
-if timeout "$(cap 300 150)" $PY -m pip install --no-build-isolation --no-deps --no-index -e . \
+if [ "${GPU_CHECK_BUILD:-pip}" = inplace ]; then
+  # no install at all (a shared interpreter, e.g. a CPU dry run on a development machine)
+  BUILD_HOW="setup.py build_ext --inplace (GPU_CHECK_BUILD=inplace)"
+  timeout "$(cap 300 150)" $PY setup.py build_ext --inplace > "$OUT/build.log" 2>&1 && build_ok=1
+elif timeout "$(cap 300 150)" $PY -m pip install --no-build-isolation --no-deps --no-index -e . \
     > "$OUT/build.log" 2>&1; then
   build_ok=1
 elif grep -qE "bdist_wheel|No module named .(wheel|setuptools)." "$OUT/build.log"; then
@@ -113,6 +120,13 @@ if [ -n "$NOGPU" ]; then
   if [ "${GPU_CHECK_DRY_RUN:-0}" = 1 ]; then
     stamp "dry run of the Python stages on the CPU"
     $PY -c "from fp8mix.cuda import selfcheck; print('self-check (CPU as device):', selfcheck.run_selfcheck('cpu'))"
+    FP8MIX_CUDA_TESTS_ON=cpu timeout "$(cap 200 60)" $PY -m pytest -q --no-header -p no:cacheprovider \
+      -p no:randomly tests/test_cuda.py -k "smoke or delayed or grad_cast or rng or recipe or tracks_cpu or captures" \
+      > "$OUT/pytest_dry.log" 2>&1
+    DRY_RC=$?
+    tail -3 "$OUT/pytest_dry.log"
+    row tests "tests/test_cuda.py on the CPU (FP8MIX_CUDA_TESTS_ON=cpu, recipe ops)" \
+      "$(tail -1 "$OUT/pytest_dry.log" | cut -c1-80)" "all pass" "$([ "$DRY_RC" = 0 ] && echo DRY || echo FAIL)"
     $PY benchmarks/gpu_train_check.py --device cpu --epochs 2 --rows "$ROWS"
     $PY benchmarks/bench_gpu.py --dry-run --rows "$ROWS" --json "$OUT/table.json"
   else
@@ -151,10 +165,15 @@ timeout -s INT -k 10 "$(cap 60 260)" $PY "${PYTEST[@]}" --tb=short -k smoke test
 SMOKE_RC=$?
 tail -25 "$OUT/pytest_smoke.log"
 stamp "tests (tests/test_cuda.py, every group; log: $OUT/pytest.log)"
+TT=$(date +%s)
 timeout -s INT -k 10 "$(cap 200 200)" $PY "${PYTEST[@]}" --tb=line --junitxml="$OUT/cuda.xml" tests/test_cuda.py \
   > "$OUT/pytest.log" 2>&1
 TEST_RC=$?
 tail -5 "$OUT/pytest.log"
+case "$TEST_RC" in  # timeout's codes: the groups after the cut have no row of their own below
+  124|137) row tests "tests/test_cuda.py cut by its time cap" "after $(( $(date +%s) - TT )) s" \
+             "the whole file runs" FAIL "later test functions did not run (see pytest.log)" ;;
+esac
 $PY - "$OUT/cuda.xml" "$ROWS" "$OUT/test_summary.txt" <<'EOF'
 import collections, json, sys, xml.etree.ElementTree as ET
 xml_path, rows_path, txt_path = sys.argv[1:4]

@@ -910,52 +910,46 @@ std::atomic<int> &scale_checks_flag()
 
 bool scale_checks_enabled() { return scale_checks_flag().load() != 0; }
 
-// Device flag for invalid scales: allocated only when checks are enabled.
-struct ScaleFlag {
+// Device flag for what only a kernel sees (an invalid scale, a grad slot outside its
+// ring): allocated only when checks are enabled, since reading it is a host sync.
+struct DeviceFlag {
     at::Tensor t;
-    explicit ScaleFlag(const at::Tensor &like)
+    explicit DeviceFlag(const at::Tensor &like)
     {
         if (scale_checks_enabled()) t = at::zeros({1}, like.options().dtype(at::kInt));
     }
     int *ptr() { return t.defined() ? t.data_ptr<int>() : nullptr; }
-    void check(const char *op, const char *what)
+    void check(const char *op, const char *scale_what, const char *arg_what = "a device-side argument is invalid")
     {
-        if (t.defined() && t.item<int>() != 0) check_status(FP8MIX_ERR_BAD_SCALE, op, what);
+        if (!t.defined()) return;
+        const int v = t.item<int>();
+        TORCH_CHECK_VALUE(v != FP8MIX_ERR_BAD_ARG, "fp8mix.", op, ": ", arg_what);
+        if (v != 0) check_status((fp8mix_status)v, op, scale_what);
     }
 };
 
 cudaStream_t cur_stream() { return c10::cuda::getCurrentCUDAStream(); }
 
-// Tensor-held stochastic-rounding streams are not in the CUDA kernels yet: refuse
-// loudly rather than compute other bytes than the CPU oracle.
-void cuda_no_rng(const char *op, const c10::optional<at::Tensor> &rng)
+// A tensor-held stochastic-rounding stream on the data's device (the layers' fp8_rng
+// buffer, int64 [key, offset]): the kernels read it on the device, so no host sync and
+// a CUDA graph replays with the stream's state at replay time.  NULL when not given.
+const int64_t *cuda_rng(const c10::optional<at::Tensor> &rng, int64_t skip, const at::Device &dev, const char *op)
 {
-    TORCH_CHECK_NOT_IMPLEMENTED(!(rng.has_value() && rng->defined()), "fp8mix.", op,
-                                ": rng tensors (stochastic-rounding streams) are not implemented on CUDA yet");
+    if (!rng.has_value() || !rng->defined()) return nullptr;
+    const at::Tensor &r = *rng;
+    TORCH_CHECK_TYPE(r.scalar_type() == at::kLong, "fp8mix.", op, ": rng must be int64 [key, offset], got ",
+                     r.scalar_type());
+    TORCH_CHECK_VALUE(r.numel() == 2 && r.is_contiguous(), "fp8mix.", op, ": rng must hold 2 int64 values "
+                      "[key, offset], got shape ", r.sizes());
+    check_on(r, dev, op, "rng");
+    TORCH_CHECK_VALUE(skip >= 0, "fp8mix.", op, ": rng_skip must be >= 0");
+    return r.data_ptr<int64_t>();
 }
 
-// The cast ops with every option of fp8mix_cast_opts; the registered signatures
-// below follow the schema (inf_to_nan is false until the schema carries it).
-std::tuple<at::Tensor, at::Tensor, at::Tensor> cast_cuda_opts(const at::Tensor &x, const at::Tensor &scale,
-                                                              at::ScalarType fp8_dtype, int64_t gran, bool saturate,
-                                                              bool stochastic, int64_t seed, int64_t offset,
-                                                              bool want_q, bool transpose, bool inf_to_nan)
+// Scratch of one recipe cast (fp8mix_cuda_recipe_work_bytes), from torch's caching allocator.
+at::Tensor recipe_work(const at::Tensor &like)
 {
-    const char *op = "cast";
-    require_cuda(x, op, "x");
-    c10::cuda::CUDAGuard guard(x.device());
-    CastPrep c = prepare_cast(op, x, fp8_dtype, gran, saturate, stochastic, seed, offset, want_q, transpose);
-    c.o.inf_to_nan = inf_to_nan ? 1 : 0;
-    const View2D &v = c.v;
-    at::Tensor s = scale_arg(scale, scale_count(c.g, v.rows, v.cols), x.device(), op, "scale");
-    at::Tensor amax = at::empty({}, x.options().dtype(at::kFloat));
-    ScaleFlag flag(x);
-    check_cuda_status(fp8mix_cuda_cast(v.t.data_ptr(), c.xt, v.rows, v.cols, v.ld, c.g, s.data_ptr<float>(),
-                                       c.q_ptr(), ld_of(v.cols), c.qt_ptr(), ld_of(v.rows), amax.data_ptr<float>(),
-                                       flag.ptr(), &c.o, cur_stream()),
-                      op);
-    flag.check(op, "scale must be finite and > 0");
-    return {c.q, c.qt, amax};
+    return at::empty({(int64_t)fp8mix_cuda_recipe_work_bytes()}, like.options().dtype(at::kByte));
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> cast_cuda(const at::Tensor &x, const at::Tensor &scale,
@@ -964,35 +958,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cast_cuda(const at::Tensor &x, co
                                                          bool want_q, bool transpose, bool inf_to_nan,
                                                          const c10::optional<at::Tensor> &rng, int64_t rng_skip)
 {
-    (void)rng_skip;
-    cuda_no_rng("cast", rng);
-    return cast_cuda_opts(x, scale, fp8_dtype, gran, saturate, stochastic, seed, offset, want_q, transpose,
-                          inf_to_nan);
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
-quantize_current_cuda_opts(const at::Tensor &x, at::ScalarType fp8_dtype, int64_t gran, int64_t margin, bool pow2,
-                           double eps, bool saturate, bool stochastic, int64_t seed, int64_t offset, bool want_q,
-                           bool transpose, bool inf_to_nan)
-{
-    const char *op = "quantize";
+    const char *op = "cast";
     require_cuda(x, op, "x");
     c10::cuda::CUDAGuard guard(x.device());
-    check_margin_eps(op, margin, eps);
-    CastPrep c = prepare_cast(op, x, fp8_dtype, gran, saturate, stochastic, seed, offset, want_q, transpose);
-    c.o.inf_to_nan = inf_to_nan ? 1 : 0;
+    CastPrep c = prepare_cast(op, x, fp8_dtype, gran, saturate, stochastic, seed, offset, want_q, transpose,
+                              inf_to_nan);
+    const int64_t *rp = cuda_rng(rng, rng_skip, x.device(), op);
     const View2D &v = c.v;
-    auto sshape = scale_shape(x, c.g, v.rows, v.cols);
-    // Every entry is written by the launcher (n > 0), so no fill is needed.
-    at::Tensor sinv = at::empty(sshape, x.options().dtype(at::kFloat));
-    at::Tensor amax = at::empty(sshape, x.options().dtype(at::kFloat));
-    if (scale_count(c.g, v.rows, v.cols) == 0) return {c.q, c.qt, sinv, amax};
-    check_cuda_status(fp8mix_cuda_quantize_current(v.t.data_ptr(), c.xt, v.rows, v.cols, v.ld, c.g, (int)margin,
-                                                   pow2 ? 1 : 0, (float)eps, c.q_ptr(), ld_of(v.cols), c.qt_ptr(),
-                                                   ld_of(v.rows), sinv.data_ptr<float>(), amax.data_ptr<float>(),
-                                                   &c.o, cur_stream()),
+    at::Tensor s = scale_arg(scale, scale_count(c.g, v.rows, v.cols), x.device(), op, "scale");
+    at::Tensor amax = at::empty({}, x.options().dtype(at::kFloat));
+    DeviceFlag flag(x);
+    check_cuda_status(fp8mix_cuda_cast(v.t.data_ptr(), c.xt, v.rows, v.cols, v.ld, c.g, s.data_ptr<float>(),
+                                       c.q_ptr(), ld_of(v.cols), c.qt_ptr(), ld_of(v.rows), amax.data_ptr<float>(),
+                                       flag.ptr(), &c.o, rp, (uint64_t)rng_skip, cur_stream()),
                       op);
-    return {c.q, c.qt, sinv, amax};
+    flag.check(op, "scale must be finite and > 0");
+    return {c.q, c.qt, amax};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
@@ -1000,10 +981,27 @@ quantize_current_cuda(const at::Tensor &x, at::ScalarType fp8_dtype, int64_t gra
                       double eps, bool saturate, bool stochastic, int64_t seed, int64_t offset, bool want_q,
                       bool transpose, bool inf_to_nan, const c10::optional<at::Tensor> &rng, int64_t rng_skip)
 {
-    (void)rng_skip;
-    cuda_no_rng("quantize", rng);
-    return quantize_current_cuda_opts(x, fp8_dtype, gran, margin, pow2, eps, saturate, stochastic, seed, offset,
-                                      want_q, transpose, inf_to_nan);
+    const char *op = "quantize";
+    require_cuda(x, op, "x");
+    c10::cuda::CUDAGuard guard(x.device());
+    check_margin_eps(op, margin, eps);
+    CastPrep c = prepare_cast(op, x, fp8_dtype, gran, saturate, stochastic, seed, offset, want_q, transpose,
+                              inf_to_nan);
+    const int64_t *rp = cuda_rng(rng, rng_skip, x.device(), op);
+    const View2D &v = c.v;
+    auto sshape = scale_shape(x, c.g, v.rows, v.cols);
+    // Every entry is written by the kernels (n > 0), so no fill is needed.
+    at::Tensor sinv = at::empty(sshape, x.options().dtype(at::kFloat));
+    at::Tensor amax = at::empty(sshape, x.options().dtype(at::kFloat));
+    if (scale_count(c.g, v.rows, v.cols) == 0) return {c.q, c.qt, sinv, amax};
+    at::Tensor work = c.g == FP8MIX_GRAN_TENSOR ? recipe_work(x) : at::Tensor();
+    check_cuda_status(fp8mix_cuda_quantize_current(v.t.data_ptr(), c.xt, v.rows, v.cols, v.ld, c.g, (int)margin,
+                                                   pow2 ? 1 : 0, (float)eps, c.q_ptr(), ld_of(v.cols), c.qt_ptr(),
+                                                   ld_of(v.rows), sinv.data_ptr<float>(), amax.data_ptr<float>(),
+                                                   &c.o, rp, (uint64_t)rng_skip,
+                                                   work.defined() ? work.data_ptr() : nullptr, cur_stream()),
+                      op);
+    return {c.q, c.qt, sinv, amax};
 }
 
 at::Tensor amax_cuda(const at::Tensor &x, int64_t gran)
@@ -1050,7 +1048,7 @@ at::Tensor dequantize_cuda(const at::Tensor &q, const at::Tensor &scale_inv, int
     View2D v = view2d(q);
     at::Tensor s = scale_arg(scale_inv, scale_count(g, v.rows, v.cols), q.device(), op, "scale_inv");
     at::Tensor out = at::empty(q.sizes(), q.options().dtype(out_dtype));
-    ScaleFlag flag(q);
+    DeviceFlag flag(q);
     check_cuda_status(fp8mix_cuda_dequantize((const uint8_t *)v.t.data_ptr(), fmt, v.rows, v.cols, v.ld, g,
                                              s.data_ptr<float>(), out.data_ptr(), ot, ld_of(v.cols), flag.ptr(),
                                              cur_stream()),
@@ -1237,6 +1235,189 @@ void delayed_scale_update_cuda(at::TensorList amax_history, at::TensorList amax,
                       op);
 }
 
+// ---- the per-tensor recipes' state and casts (csrc/cuda/recipe.cu) ---------------------
+// The CPU ops' contracts with the state on the device: checks of what the host sees,
+// then one call; every state value is read by the kernels (no host sync).
+
+void state_tensor_on(const at::Tensor &t, at::ScalarType dt, int64_t dim, const at::Device &dev, const char *op,
+                     const char *name)
+{
+    TORCH_CHECK_TYPE(t.scalar_type() == dt, "fp8mix.", op, ": ", name, " must be ", dt, ", got ", t.scalar_type());
+    TORCH_CHECK_VALUE(t.dim() == dim && t.is_contiguous(), "fp8mix.", op, ": ", name, " must be a contiguous ",
+                      dim, "-D tensor, got shape ", t.sizes());
+    check_on(t, dev, op, name);
+}
+
+Delayed delayed_args_on(const at::Device &dev, const at::Tensor &hist, const at::Tensor &scale,
+                        const at::Tensor &steps, int64_t history_len, int64_t margin, bool pow2, c10::string_view algo,
+                        int64_t interval, const char *op)
+{
+    state_tensor_on(hist, at::kFloat, 2, dev, op, "amax_history");
+    state_tensor_on(scale, at::kFloat, 1, dev, op, "scale");
+    state_tensor_on(steps, at::kLong, 1, dev, op, "steps");
+    const int64_t R = hist.size(1);
+    TORCH_CHECK_VALUE(scale.size(0) == R && steps.size(0) == R, "fp8mix.", op, ": amax_history has ", R,
+                      " roles but scale has ", scale.size(0), " and steps ", steps.size(0));
+    TORCH_CHECK_VALUE(history_len >= 1 && history_len <= hist.size(0), "fp8mix.", op, ": history_len ", history_len,
+                      " must be in [1, ", hist.size(0), "] (the history buffer's rows)");
+    TORCH_CHECK_VALUE(interval >= 1, "fp8mix.", op, ": interval must be >= 1, got ", interval);
+    check_margin_eps(op, margin, 0.0);
+    Delayed d;
+    d.st = {hist.data_ptr<float>(), hist.size(0), R, scale.data_ptr<float>(), steps.data_ptr<int64_t>()};
+    d.r = {history_len, amax_algo(algo, op), (int)margin, pow2 ? 1 : 0, interval};
+    return d;
+}
+
+const float *scalar_on(const c10::optional<at::Tensor> &t, const at::Device &dev, const char *op, const char *name,
+                       int64_t n = 1)
+{
+    if (!t.has_value() || !t->defined()) return nullptr;
+    TORCH_CHECK_TYPE(t->scalar_type() == at::kFloat, "fp8mix.", op, ": ", name, " must be float32");
+    TORCH_CHECK_VALUE(t->numel() == n && t->is_contiguous(), "fp8mix.", op, ": ", name, " must hold ", n,
+                      " contiguous value(s), got shape ", t->sizes());
+    check_on(*t, dev, op, name);
+    return t->data_ptr<float>();
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+delayed_cast_cuda(const at::Tensor &x, const at::Tensor &hist, const at::Tensor &scale, const at::Tensor &steps,
+                  int64_t role, int64_t history_len, at::ScalarType fp8_dtype, int64_t margin, bool pow2,
+                  c10::string_view algo, int64_t interval, bool record, bool transpose, bool inf_to_nan,
+                  const c10::optional<at::Tensor> &fresh_amax, const c10::optional<at::Tensor> &rng, int64_t rng_skip)
+{
+    const char *op = "delayed_cast";
+    require_cuda(x, op, "x");
+    c10::cuda::CUDAGuard guard(x.device());
+    const at::Device dev = x.device();
+    Delayed d = delayed_args_on(dev, hist, scale, steps, history_len, margin, pow2, algo, interval, op);
+    check_role(role, d, op);
+    const float *fa = scalar_on(fresh_amax, dev, op, "fresh_amax");
+    CastPrep c = prepare_cast(op, x, fp8_dtype, FP8MIX_GRAN_TENSOR, true, false, 0, 0, true, transpose, inf_to_nan);
+    const int64_t *rp = cuda_rng(rng, rng_skip, dev, op);
+    at::Tensor scales = at::empty({2}, x.options().dtype(at::kFloat));
+    at::Tensor amax = at::empty({}, x.options().dtype(at::kFloat));
+    at::Tensor work = recipe_work(x);
+    DeviceFlag flag(x);
+    const View2D &v = c.v;
+    check_cuda_status(fp8mix_cuda_cast_delayed(v.t.data_ptr(), c.xt, v.rows, v.cols, v.ld, c.q_ptr(), ld_of(v.cols),
+                                               c.qt_ptr(), ld_of(v.rows), &d.st, role, &d.r, fa, record ? 1 : 0,
+                                               &c.o, rp, (uint64_t)rng_skip, scales.data_ptr<float>(),
+                                               amax.data_ptr<float>(), work.data_ptr(), flag.ptr(), cur_stream()),
+                      op);
+    flag.check(op, "the role's scale must be finite and > 0");
+    return {c.q, c.qt, scales, amax};
+}
+
+void delayed_record_cuda(const at::Tensor &hist, const at::Tensor &scale, const at::Tensor &steps, int64_t role,
+                         int64_t history_len, const at::Tensor &amax, at::ScalarType fp8_dtype, int64_t margin,
+                         bool pow2, c10::string_view algo, int64_t interval, bool rescale_only)
+{
+    const char *op = "delayed_record";
+    require_cuda(hist, op, "amax_history");
+    c10::cuda::CUDAGuard guard(hist.device());
+    Delayed d = delayed_args_on(hist.device(), hist, scale, steps, history_len, margin, pow2, algo, interval, op);
+    check_role(role, d, op);
+    const fp8mix_format fmt = fp8_format(fp8_dtype, op);
+    const float *a = rescale_only ? nullptr : scalar_on(amax, hist.device(), op, "amax");
+    check_cuda_status(fp8mix_cuda_delayed_record(&d.st, role, fmt, &d.r, a, rescale_only ? 1 : 0, cur_stream()), op);
+}
+
+std::tuple<at::Tensor, at::Tensor>
+delayed_flush_cuda(const at::Tensor &hist, const at::Tensor &scale, const at::Tensor &steps, const at::Tensor &pending,
+                   const at::Tensor &next_slot, int64_t role, int64_t history_len, at::ScalarType fp8_dtype,
+                   int64_t margin, bool pow2, c10::string_view algo, int64_t interval, bool record, bool reserve)
+{
+    const char *op = "delayed_flush";
+    require_cuda(hist, op, "amax_history");
+    c10::cuda::CUDAGuard guard(hist.device());
+    const at::Device dev = hist.device();
+    Delayed d = delayed_args_on(dev, hist, scale, steps, history_len, margin, pow2, algo, interval, op);
+    check_role(role, d, op);
+    state_tensor_on(pending, at::kFloat, 1, dev, op, "pending");
+    state_tensor_on(next_slot, at::kLong, 0, dev, op, "next_slot");
+    TORCH_CHECK_VALUE(pending.numel() >= 1, "fp8mix.", op, ": pending needs at least one slot");
+    TORCH_CHECK_VALUE(record || !reserve, "fp8mix.", op, ": reserve needs record");
+    at::Tensor plan = at::empty({2}, hist.options());
+    at::Tensor slot = at::empty({}, steps.options()); // written by the kernel (0 when not reserving)
+    check_cuda_status(fp8mix_cuda_delayed_flush(&d.st, role, fp8_format(fp8_dtype, op), &d.r,
+                                                pending.data_ptr<float>(), pending.numel(),
+                                                next_slot.data_ptr<int64_t>(), record ? 1 : 0, reserve ? 1 : 0,
+                                                plan.data_ptr<float>(), slot.data_ptr<int64_t>(), cur_stream()),
+                      op);
+    return {plan, slot};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+grad_cast_cuda(const at::Tensor &dy, at::ScalarType fp8_dtype, const c10::optional<at::Tensor> &plan,
+               const c10::optional<at::Tensor> &pending, const c10::optional<at::Tensor> &slot, int64_t margin,
+               bool pow2, double eps, bool transpose, bool colsum, bool inf_to_nan,
+               const c10::optional<at::Tensor> &rng, int64_t rng_skip)
+{
+    const char *op = "grad_cast";
+    require_cuda(dy, op, "dy");
+    c10::cuda::CUDAGuard guard(dy.device());
+    const at::Device dev = dy.device();
+    check_margin_eps(op, margin, eps);
+    const float *pl = scalar_on(plan, dev, op, "plan", 2);
+    const bool has_pending = pending.has_value() && pending->defined();
+    TORCH_CHECK_VALUE(has_pending == (slot.has_value() && slot->defined()), "fp8mix.", op,
+                      ": pending and slot go together");
+    float *pend = nullptr;
+    const int64_t *slot_p = nullptr;
+    if (has_pending) {
+        state_tensor_on(*pending, at::kFloat, 1, dev, op, "pending");
+        TORCH_CHECK_TYPE(slot->scalar_type() == at::kLong && slot->numel() == 1, "fp8mix.", op,
+                         ": slot must be one int64");
+        check_on(*slot, dev, op, "slot");
+        pend = pending->data_ptr<float>();
+        slot_p = slot->data_ptr<int64_t>(); // its value is read by the kernel
+    }
+    CastPrep c = prepare_cast(op, dy, fp8_dtype, FP8MIX_GRAN_TENSOR, true, false, 0, 0, true, transpose, inf_to_nan);
+    const int64_t *rp = cuda_rng(rng, rng_skip, dev, op);
+    const View2D &v = c.v;
+    at::Tensor sinv = at::empty({}, dy.options().dtype(at::kFloat));
+    at::Tensor amax = at::empty({}, dy.options().dtype(at::kFloat));
+    at::Tensor cs = at::empty({colsum ? v.cols : 0}, dy.options().dtype(at::kFloat));
+    at::Tensor work = recipe_work(dy);
+    DeviceFlag flag(dy);
+    check_cuda_status(fp8mix_cuda_cast_grad(v.t.data_ptr(), c.xt, v.rows, v.cols, v.ld, c.q_ptr(), ld_of(v.cols),
+                                            c.qt_ptr(), ld_of(v.rows), pl, (int)margin, pow2 ? 1 : 0, (float)eps,
+                                            pend, has_pending ? pending->numel() : 0, slot_p, &c.o, rp,
+                                            (uint64_t)rng_skip, sinv.data_ptr<float>(), amax.data_ptr<float>(),
+                                            colsum ? cs.data_ptr<float>() : nullptr, work.data_ptr(), flag.ptr(),
+                                            cur_stream()),
+                      op);
+    flag.check(op, "the plan's scale must be finite and > 0", "slot is outside [0, pending slots)");
+    return {c.q, c.qt, sinv, amax, cs};
+}
+
+// fp8mix_quant_stats on the device: the 84 entries with the CPU's bits (csrc/cuda/stats.cu).
+at::Tensor quant_stats_cuda(const at::Tensor &x, const at::Tensor &q, const at::Tensor &scale_inv, int64_t gran,
+                            bool bad_scale_as_one)
+{
+    const char *op = "quant_stats";
+    require_cuda(x, op, "x");
+    c10::cuda::CUDAGuard guard(x.device());
+    check_on(q, x.device(), op, "q");
+    fp8mix_dtype xt = hp_dtype(x, op, "x");
+    fp8mix_format fmt = fp8_format(q.scalar_type(), op);
+    fp8mix_granularity g = granularity(gran, op);
+    TORCH_CHECK_VALUE(x.sizes() == q.sizes(), "fp8mix.", op, ": x has shape ", x.sizes(), " but q has shape ",
+                      q.sizes());
+    View2D vx = view2d(x), vq = view2d(q);
+    at::Tensor s = scale_arg(scale_inv, scale_count(g, vx.rows, vx.cols), x.device(), op, "scale_inv");
+    at::Tensor out = at::empty({FP8MIX_STATS_N}, x.options().dtype(at::kDouble));
+    at::Tensor work = at::empty({(int64_t)fp8mix_cuda_quant_stats_work_bytes()}, x.options().dtype(at::kByte));
+    DeviceFlag flag(x);
+    check_cuda_status(fp8mix_cuda_quant_stats(vx.t.data_ptr(), xt, vx.rows, vx.cols, vx.ld,
+                                              (const uint8_t *)vq.t.data_ptr(), vq.ld, fmt, g, s.data_ptr<float>(),
+                                              bad_scale_as_one ? 1 : 0, out.data_ptr<double>(), work.data_ptr(),
+                                              bad_scale_as_one ? nullptr : flag.ptr(), cur_stream()),
+                      op);
+    flag.check(op, "scale_inv must be finite and > 0");
+    return out;
+}
+
 void cuda_set_hw_convert(bool on) { fp8mix_cuda_set_hw_convert(on ? 1 : 0); }
 bool cuda_get_hw_convert() { return fp8mix_cuda_get_hw_convert() != 0; }
 void cuda_set_check_scales(bool on) { scale_checks_flag().store(on ? 1 : 0); }
@@ -1352,6 +1533,11 @@ TORCH_LIBRARY_IMPL(fp8mix, CUDA, m)
     m.impl("compute_scale", &compute_scale_cuda);
     m.impl("dequantize", &dequantize_cuda);
     m.impl("scaled_mm", &scaled_mm_cuda);
+    m.impl("quant_stats", &quant_stats_cuda);
+    m.impl("delayed_cast", &delayed_cast_cuda);
+    m.impl("delayed_record", &delayed_record_cuda);
+    m.impl("delayed_flush", &delayed_flush_cuda);
+    m.impl("grad_cast", &grad_cast_cuda);
     m.impl("delayed_scale_update", &delayed_scale_update_cuda);
 }
 #endif // FP8MIX_WITH_CUDA

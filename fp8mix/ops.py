@@ -279,10 +279,12 @@ QUANT_STATS_N = 84
 def quant_stats(x: torch.Tensor, q: torch.Tensor, scale_inv: torch.Tensor, granularity, *,
                 bad_scale_as_one: bool = False) -> torch.Tensor:
     """fp8mix_quant_stats: a float64 vector of QUANT_STATS_N entries (see fp8mix.numerics);
-    granularity: its code (or a Granularity). On the CPU (tensors elsewhere are copied:
-    statistics are sampled). bad_scale_as_one: count a scale_inv that is not finite and > 0
-    and measure its tile as if it were 1, instead of raising."""
-    if x.device.type != "cpu":
+    granularity: its code (or a Granularity). On x's device when this build has the kernel
+    there (CPU; CUDA: the same bits, and no copy or host sync, so a backward can feed the
+    gradient scaler); tensors on other devices are copied to the CPU. bad_scale_as_one:
+    count a scale_inv that is not finite and > 0 and measure its tile as if it were 1,
+    instead of raising."""
+    if x.device.type != "cpu" and not (x.device.type == "cuda" and has_kernels("quant_stats", x.device)):
         x, q, scale_inv = x.cpu(), q.cpu(), scale_inv.cpu()
     return _ops.quant_stats(x, q, scale_inv, int(granularity), bad_scale_as_one=bad_scale_as_one)
 

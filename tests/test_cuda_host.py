@@ -7,6 +7,10 @@ product with one scale 1% off.
 """
 from __future__ import annotations
 
+import os
+import re
+import shutil
+import subprocess
 import warnings
 
 import pytest
@@ -90,16 +94,16 @@ def test_gemm_tolerance_flags_one_bad_element_and_nan():
         verify([Case("scaled_mm[no bound]", exact, exact, "gemm")])
 
 
-def test_stats_comparison_counts_exact_sums_to_rounding():
-    want = torch.tensor([100.0, 90, 3, 4, 1, 2, 5, 1234.5, 0.25, 1e-3], dtype=torch.float64)
-    near = want.clone()
-    near[7] *= 1 + 1e-12
-    near[8] *= 1 - 1e-12
-    verify([Case("quant_stats", near, want, "stats")])
-    for i, delta in ((2, 1.0), (9, 1e-12), (7, 1e-6)):
+def test_stats_comparison_is_bitwise_and_names_the_entry():
+    """quant_stats on CUDA follows the CPU's summation order: one ulp anywhere is a failure."""
+    x = torch.randn(37, 203)
+    q, _, sinv, _ = _ops.quantize_current(x, E4, 2, 0, False, 0.0, True, False, 0, 0, True, False)
+    want = _ops.quant_stats(x, q, sinv, 2)
+    assert verify([Case("quant_stats", want.clone(), want, "stats")]) == 84
+    for i, name in ((7, "signal"), (14, "sum2"), (2, "underflow"), (20 + 40, "hist[40]")):
         bad = want.clone()
-        bad[i] += delta * (1 if i != 7 else float(want[7]))
-        with pytest.raises(SelfCheckError, match=f"entry {i}"):
+        bad.view(torch.int64)[i] += 1  # one ulp (or a count off by a hair)
+        with pytest.raises(SelfCheckError, match=rf"entry {i} \({re.escape(name)}"):
             verify([Case("quant_stats", bad, want, "stats")])
 
 
@@ -121,7 +125,9 @@ def test_selfcheck_dry_run_covers_every_kernel_and_passes(cpu_cases):
     names = " ".join(c.kernel for c in cpu_cases)
     for kernel in ("cast[", "inf_to_nan", "sr=True", "transpose=True", "gran=3", "quantize_current[", "amax[",
                    "compute_scale[", "dequantize[", "quant_stats[", "scaled_mm[tensor", "scaled_mm[row",
-                   "scaled_mm[block"):
+                   "scaled_mm[block", "delayed_cast[", "first_use=True", "fresh=True", "delayed_record[",
+                   "rescale_only", "delayed_flush[", "head=9", "grad_cast[", "plan=fresh", "plan=none", "colsum",
+                   "chain[", "cast[rng", "quantize[rng"):
         assert kernel in names, kernel
     assert {c.kind for c in cpu_cases} == {"bits", "gemm", "stats"}
     assert verify(cpu_cases) > 100_000
@@ -266,3 +272,75 @@ def test_failures_lists_every_broken_kernel(cpu_cases):
     msgs = compare.failures(cases)
     assert len(msgs) == 3 and all(cases[i].kernel in m for i, m in zip((3, 17, 30), msgs))
     assert compare.failures(cpu_cases) == []
+
+
+# ---- the CUDA launchers' host rules and the statistics rules, compiled for the CPU ----------
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_host_rules_against_the_c_core(tmp_path):
+    """csrc/cuda/tests/host_rules.cpp: recipe_plan.h's checks give the C core's statuses,
+    and stats_rules.cuh run in stats.cu's thread order equals fp8mix_quant_stats bit for bit
+    (every granularity, format, dtype, bad scales, no finite value, > 262144 rows)."""
+    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    assert cxx, "a C++ compiler is needed (the C core's build needs one too)"
+    make = subprocess.run(["make", "-s", "-C", ROOT, "core", "BUILD=build/core-ext"], capture_output=True, text=True)
+    assert make.returncode == 0, make.stderr[-2000:]
+    exe = str(tmp_path / "host_rules")
+    cc = subprocess.run([cxx, "-std=c++17", "-O1", "-ffp-contract=off", "-Wall", "-Wextra",
+                         f"-I{ROOT}/csrc/include", f"-I{ROOT}/csrc/core",
+                         f"{ROOT}/csrc/cuda/tests/host_rules.cpp", f"{ROOT}/build/core-ext/libfp8mix_core.a",
+                         "-lpthread", "-lm", "-o", exe], capture_output=True, text=True)
+    assert cc.returncode == 0, cc.stderr[-3000:]
+    run = subprocess.run([exe], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and "host_rules: ok" in run.stdout, run.stdout + run.stderr
+    assert int(re.search(r"\((\d+) checks\)", run.stdout).group(1)) > 100_000
+
+
+# ---- benchmarks/bench_gpu.py's launch row, on the CPU ---------------------------------------
+
+def _bench_gpu(monkeypatch):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("bench_gpu_under_test", os.path.join(ROOT, "benchmarks",
+                                                                                        "bench_gpu.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setattr(mod, "ROWS", [])
+    return mod
+
+
+def test_launch_classification_of_profiler_event_names(monkeypatch):
+    """The names torch.profiler gives CUDA activity (kineto): memsets, copies, kernels."""
+    bench = _bench_gpu(monkeypatch)
+    names = ["Memset (Device)", "Memcpy DtoD (Device -> Device)", "Memcpy HtoD (Pageable -> Device)",
+             "void fp8mix_cuda::state_cast_kernel<(fp8mix_dtype)1, false>(fp8mix_cuda::StateArgs)",
+             "sm90_xmma_gemm_e4m3bf16_e4m3f32_f32_tn_n_tilesize128x128x128_warpgroupsize1x1x1_execute_segment_k_off",
+             "memsetKernel"]  # a kernel whose name merely contains 'memset' stays a kernel
+    assert bench.classify_activity(names) == {"kernels": 3, "memsets": 1, "copies": 2}
+    assert bench.classify_activity([]) == {"kernels": 0, "memsets": 0, "copies": 0}
+
+
+def test_launch_rows_dry_run_count_dispatched_ops(monkeypatch):
+    """--dry-run: one row per recipe, the dispatched ops of a Linear step (no GPU activity
+    to count), verdict DRY; a non-dry run without CUDA activity must not pass."""
+    bench = _bench_gpu(monkeypatch)
+    monkeypatch.setattr(bench, "DRY", True)
+    monkeypatch.setattr(bench, "DEV", "cpu")
+    bench.bench_launches(32)
+    assert [r[1].split()[1] for r in bench.ROWS] == ["delayed", "current", "block"]
+    for r in bench.ROWS:
+        n = int(r[2].split()[0])
+        assert 3 <= n < 200 and r[-1] == "DRY", r  # a fwd+bwd runs at least its three GEMMs
+
+
+def test_launch_rows_without_cuda_activity_fail(monkeypatch):
+    """Not a dry run, but the profiler sees no GPU work (here: the CPU, as on a machine
+    without CUPTI): the row says so and fails instead of passing on the op count."""
+    bench = _bench_gpu(monkeypatch)
+    monkeypatch.setattr(bench, "DEV", "cpu")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    assert bench._cuda_activity(lambda: torch.ones(8).add_(1)) is None
+    bench.bench_launches(32)
+    assert len(bench.ROWS) == 3
+    assert all("no CUDA activity seen" in r[1] and r[-1] == "FAIL" for r in bench.ROWS), bench.ROWS

@@ -40,9 +40,23 @@ struct CastArgs {
     uint32_t *amax_bits;     /* whole-tensor amax accumulator or NULL */
     int *scale_status;
     Fp8Params p;
-    uint64_t seed, offset;
+    uint64_t seed, offset;   /* stochastic rounding, when rng is NULL */
+    const int64_t *rng;      /* device int64 [key, offset] or NULL: the stream read on the device */
+    uint64_t rng_skip;       /* words from rng's offset + rng_skip on */
     int hw;                  /* saturating nearest: use the cvt instruction */
 };
+
+/* The stochastic-rounding key and first counter of this cast: a tensor-held stream
+ * (rng, read on the device, so a CUDA graph replays it with the stream's current
+ * state) or the launch's seed / offset. */
+__device__ __forceinline__ uint64_t sr_seed(const CastArgs &A)
+{
+    return A.rng ? (uint64_t)__ldg((const long long *)A.rng) : A.seed;
+}
+__device__ __forceinline__ uint64_t sr_offset(const CastArgs &A)
+{
+    return A.rng ? (uint64_t)__ldg((const long long *)A.rng + 1) + A.rng_skip : A.offset;
+}
 
 __device__ __forceinline__ int64_t scale_index(const CastArgs &A, int64_t i, int64_t j)
 {
@@ -105,7 +119,7 @@ __device__ __forceinline__ void encode_unit(const CastArgs &A, const float (&v)[
     for (int k = 0; k < U / 4; k++) w[k] = 0;
     if constexpr (STOCH) {
         uint32_t r[U];
-        random_words<U>(A.seed, A.offset + n0, r);
+        random_words<U>(sr_seed(A), sr_offset(A) + n0, r);
 #pragma unroll
         for (int t = 0; t < U; t++) w[t >> 2] |= (uint32_t)encode_value(A.p, v[t], s, r[t]) << (8 * (t & 3));
     } else if (A.hw) {
@@ -129,7 +143,7 @@ __device__ __forceinline__ void store_unit(uint8_t *dst, const uint32_t (&w)[U /
 /* Scalar encode of one element (element number n). */
 __device__ __forceinline__ uint8_t encode1(const CastArgs &A, float v, float s, uint64_t n)
 {
-    uint32_t r = A.p.stochastic ? random_word(A.seed, A.offset + n) : 0u;
+    uint32_t r = A.p.stochastic ? random_word(sr_seed(A), sr_offset(A) + n) : 0u;
     return encode_value(A.p, v, s, r);
 }
 
@@ -154,7 +168,7 @@ inline bool valid_dtype(fp8mix_dtype t) { return t == FP8MIX_F32 || t == FP8MIX_
 inline bool valid_gran(fp8mix_granularity g) { return g >= FP8MIX_GRAN_TENSOR && g <= FP8MIX_GRAN_BLOCK2D; }
 inline size_t dsize(fp8mix_dtype t) { return t == FP8MIX_F32 ? 4 : 2; }
 inline bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
-inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+__host__ __device__ inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 inline bool bad_2d(int64_t rows, int64_t cols, int64_t ld)
 {
@@ -216,6 +230,17 @@ inline CastArgs make_args(const void *x, int64_t rows, int64_t cols, int64_t ld_
     return A;
 }
 
+/* A tensor-held stochastic-rounding stream (device int64 [key, offset], or NULL for
+ * the opts' seed / offset): turns stochastic rounding on, as the C core's torch ops do. */
+inline void with_rng(CastArgs &A, const int64_t *rng, uint64_t rng_skip)
+{
+    if (!rng) return;
+    A.rng = rng;
+    A.rng_skip = rng_skip;
+    A.p.stochastic = 1;
+    A.hw = 0;
+}
+
 /* The argument checks fp8mix_cuda_cast and fp8mix_cuda_quantize_current share
  * (before anything is enqueued); fills *p from opts. */
 inline fp8mix_status cast_prologue(const void *x, fp8mix_dtype xt, int64_t rows, int64_t cols, int64_t ld_x,
@@ -231,6 +256,12 @@ inline fp8mix_status cast_prologue(const void *x, fp8mix_dtype xt, int64_t rows,
 
 /* Launch the x -> q (and qt) kernels for A (scales given or current mode); cast.cu. */
 fp8mix_status launch_cast(const CastArgs &A, fp8mix_dtype xt, cudaStream_t st);
+
+/* Whole-tensor current scaling (A: TENSOR granularity, margin / pow2 / eps set): the
+ * amax pre-pass and the cast, whose last block writes *scale_inv and *amax_out;
+ * work: fp8mix_cuda_recipe_work_bytes() bytes; recipe.cu. */
+fp8mix_status launch_current_tensor(const CastArgs &A, fp8mix_dtype xt, float *scale_inv, float *amax_out, void *work,
+                                    cudaStream_t st);
 
 #define FP8MIX_DISPATCH_XT(MACRO)                                                                                   \
     switch (xt) {                                                                                                   \

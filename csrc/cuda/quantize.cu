@@ -1,7 +1,8 @@
 /*
  * quantize.cu — per-granularity amax (fp8mix_cuda_amax) and current-scaling
  * quantisation (fp8mix_cuda_quantize_current): amax -> scale -> cast with no host
- * sync, fused into one kernel for ROW and BLOCK tiles.  Bytes, amaxes and scale
+ * sync, fused into one kernel for ROW and BLOCK tiles, two for TENSOR (recipe.cu's
+ * pre-pass and state cast).  Bytes, amaxes and scale
  * inverses equal the C core's (csrc/core/cast.c).
  *
  * Kernels (256 threads per block):
@@ -11,7 +12,7 @@
  *   amax_tensor_kernel  whole-tensor amax (block reduce + one atomicMax per block)
  * Not here: the given-scale cast kernels (cast.cu), compute_scale (scale.cu).
  */
-#include "cast_kernels.cuh"
+#include "cast_body.cuh"
 
 namespace fp8mix_cuda {
 
@@ -155,27 +156,8 @@ template <int XT>
 __global__ void __launch_bounds__(kThreads) amax_tensor_kernel(const uint8_t *x, int64_t rows, int64_t cols,
                                                                int64_t ld_x, int vec, uint32_t *out)
 {
-    using L = In<XT>;
-    constexpr int U = L::U;
-    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
-    uint32_t m = 0;
-    if (vec) {
-        const int64_t upr = cols / U, nu = rows * upr;
-        for (int64_t u = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; u < nu; u += stride) {
-            const int64_t i = u / upr, j = (u - i * upr) * U;
-            float xv[U];
-            L::unit(x + (size_t)(i * ld_x) * L::size, j, xv);
-#pragma unroll
-            for (int t = 0; t < U; t++) m = max(m, abs_bits(xv[t]));
-        }
-    } else {
-        const int64_t ne = rows * cols;
-        for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < ne; e += stride) {
-            const int64_t i = e / cols, j = e - i * cols;
-            m = max(m, abs_bits(L::one(x + (size_t)(i * ld_x) * L::size, j)));
-        }
-    }
-    block_amax_commit(m, out);
+    const int64_t first = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, stride = (int64_t)gridDim.x * blockDim.x;
+    block_amax_commit(amax_body<XT>(x, rows, cols, ld_x, vec, first, stride), out);
 }
 
 /* ---- launchers ------------------------------------------------------------------- */
@@ -255,7 +237,8 @@ extern "C" fp8mix_status fp8mix_cuda_quantize_current(const void *x, fp8mix_dtyp
                                                       int64_t ld_x, fp8mix_granularity gran, int margin, int pow2,
                                                       float amax_epsilon, uint8_t *q, int64_t ld_q, uint8_t *qt,
                                                       int64_t ld_qt, float *scale_inv, float *amax_out,
-                                                      const fp8mix_cast_opts *opts, cudaStream_t stream)
+                                                      const fp8mix_cast_opts *opts, const int64_t *rng,
+                                                      uint64_t rng_skip, void *work, cudaStream_t stream)
 {
     begin_call();
     Fp8Params p;
@@ -274,6 +257,8 @@ extern "C" fp8mix_status fp8mix_cuda_quantize_current(const void *x, fp8mix_dtyp
     A.ld_q = ld_q;
     A.qt = qt;
     A.ld_qt = ld_qt;
+    with_rng(A, rng, rng_skip);
+    if (gran == FP8MIX_GRAN_TENSOR) return launch_current_tensor(A, xt, scale_inv, amax_out, work, stream);
     if (!qt && (gran == FP8MIX_GRAN_ROW || gran == FP8MIX_GRAN_BLOCK)) {
         GroupArgs GA;
         memset(&GA, 0, sizeof GA);

@@ -62,17 +62,26 @@ int fp8mix_cuda_get_hw_convert(void);
 
 /* ---- casts (see fp8mix_cast etc. in fp8mix.h for the full contracts) ------- */
 
+/* Tensor-held stochastic-rounding streams: every cast below takes `rng`, NULL or a
+ * device int64 [key, offset] (the layers' fp8_rng buffer), read ON THE DEVICE by the
+ * kernels: when given, the cast rounds stochastically with seed = key and words from
+ * offset + rng_skip on (opts' rounding / seed / offset are then ignored), exactly as the
+ * C core's torch ops do with a CPU tensor.  A CUDA graph thus replays with the stream's
+ * state at replay time. */
+
 /* Scale + cast (+ transpose) + amax, as fp8mix_cast.
  *   x      rows x cols of xt, row stride ld_x
  *   scale  device float32, the shape of gran's scale array
  *   q      rows x cols bytes (ld_q) or NULL; qt cols x rows bytes (ld_qt) or NULL
  *   amax   device float or NULL: zeroed on `stream` first, then max |x|
  *   scale_status  optional device int, see "Conventions"
- * With qt the kernel reads x once and writes q and qt from a shared-memory tile. */
+ * With qt the kernel reads x once and writes q and qt from a shared-memory tile.
+ * Launches: a memset of amax (when given) and one cast kernel. */
 fp8mix_status fp8mix_cuda_cast(const void *x, fp8mix_dtype xt, int64_t rows, int64_t cols, int64_t ld_x,
                                fp8mix_granularity gran, const float *scale, uint8_t *q, int64_t ld_q,
                                uint8_t *qt, int64_t ld_qt, float *amax, int *scale_status,
-                               const fp8mix_cast_opts *opts, cudaStream_t stream);
+                               const fp8mix_cast_opts *opts, const int64_t *rng, uint64_t rng_skip,
+                               cudaStream_t stream);
 
 /* amax per granularity into out (device, gran's scale-array shape), as fp8mix_amax. */
 fp8mix_status fp8mix_cuda_amax(const void *x, fp8mix_dtype xt, int64_t rows, int64_t cols, int64_t ld_x,
@@ -84,15 +93,21 @@ fp8mix_status fp8mix_cuda_compute_scale(const float *amax, int64_t n, fp8mix_for
 
 /* Current scaling, as fp8mix_quantize_current.  scale_inv and amax_out are
  * REQUIRED here (device, gran's scale-array shape): amax_out doubles as the
- * scratch the cast reads its amax from.  ROW and BLOCK without qt: one fused
- * kernel (each tile reduced, scaled and cast by one thread group, x read once);
- * otherwise amax kernel -> compute_scale kernel -> cast kernel (which derives
- * each tile's scale from amax_out), all on `stream`, no host sync. */
+ * scratch the cast reads its amax from.  Launches, all on `stream`, no host sync:
+ *   TENSOR: 2 (an amax pre-pass writing per-block partial maxima into `work`, then
+ *           the cast, whose blocks reduce the partials to the scale; its last
+ *           block writes scale_inv and amax_out); `work`: device scratch of
+ *           fp8mix_cuda_recipe_work_bytes() bytes, REQUIRED for TENSOR;
+ *   ROW and BLOCK without qt: 1 fused kernel (each tile reduced, scaled and cast by
+ *           one thread group, x read once);
+ *   otherwise: amax kernel -> compute_scale kernel -> cast kernel (which derives
+ *           each tile's scale from amax_out). */
 fp8mix_status fp8mix_cuda_quantize_current(const void *x, fp8mix_dtype xt, int64_t rows, int64_t cols,
                                            int64_t ld_x, fp8mix_granularity gran, int margin, int pow2,
                                            float amax_epsilon, uint8_t *q, int64_t ld_q, uint8_t *qt,
                                            int64_t ld_qt, float *scale_inv, float *amax_out,
-                                           const fp8mix_cast_opts *opts, cudaStream_t stream);
+                                           const fp8mix_cast_opts *opts, const int64_t *rng, uint64_t rng_skip,
+                                           void *work, cudaStream_t stream);
 
 /* Dequantise, as fp8mix_dequantize (scale_status: see "Conventions"). */
 fp8mix_status fp8mix_cuda_dequantize(const uint8_t *q, fp8mix_format fmt, int64_t rows, int64_t cols,
@@ -128,6 +143,81 @@ typedef struct fp8mix_cuda_delayed_entry {
 #define FP8MIX_CUDA_DELAYED_PER_LAUNCH 128
 fp8mix_status fp8mix_cuda_delayed_update(const fp8mix_cuda_delayed_entry *entries, int64_t n, int margin,
                                          int pow2, fp8mix_amax_algo algo, int64_t interval, cudaStream_t stream);
+
+/* ---- per-tensor recipes: a linear layer's delayed-scaling state and casts -----
+ *
+ * The CUDA counterparts of fp8mix.h's "per-tensor recipes" entry points, with the
+ * same contracts and the same bits (FP8 bytes, amax, scales, history, steps,
+ * pending, slot; the number rules are csrc/core/fp8_rules.h's).  The state
+ * (fp8mix_delayed_state: history, scale, steps) and every other tensor argument
+ * are DEVICE pointers, and every state value (steps, scale, the slot index, the
+ * fresh flag, rng key and offset) is read on the device: nothing syncs, so a
+ * training step made of these calls can be captured in a CUDA graph.  The host
+ * checks what it can see (NULL pointers, shapes, enums, the recipe's numbers)
+ * before enqueueing anything, with the C core's statuses.  What only the device
+ * sees is reported in the optional device int `status` (NULL: none; the caller
+ * zeroes it; never set to OK): FP8MIX_ERR_BAD_SCALE for a state or plan scale that
+ * is not finite and > 0 (the cast still runs with it), FP8MIX_ERR_BAD_ARG for a
+ * grad slot outside [0, slots) (the pending update is then skipped).
+ *
+ * `work` (the casts): device scratch of fp8mix_cuda_recipe_work_bytes() bytes,
+ * owned by the caller for the duration of the call (one per call in flight).
+ * Launch counts (kernels; no memsets, no copies):
+ *   fp8mix_cuda_cast_delayed   2: an amax pre-pass that exits at once unless this
+ *                              is the role's first use without fresh_amax (it
+ *                              also zeroes the cast's counters), then the cast,
+ *                              whose last block writes scales / amax and records
+ *   fp8mix_cuda_cast_grad      2: the pre-pass (exits at once for a delayed plan),
+ *                              then the cast; with colsum, the column sums run in
+ *                              extra blocks of the cast kernel; its last cast
+ *                              block writes scale_inv / amax and the pending max
+ *   fp8mix_cuda_delayed_record 1 (one thread block)
+ *   fp8mix_cuda_delayed_flush  1 (one thread block)
+ * so an fp8mix.Linear step under delayed scaling launches 1 (flush) + 2 (x) +
+ * 2 (W) + 2 (dy) kernels besides its three GEMMs (and, with a bias, the copy of
+ * the float32 column sums to the bias dtype that fp8mix.nn makes): 10, 11 with a
+ * bias.  benchmarks/bench_gpu.py measures it (torch.profiler's CUDA activity). */
+
+/* Bytes of `work` for fp8mix_cuda_cast_delayed / _cast_grad / TENSOR quantize_current. */
+size_t fp8mix_cuda_recipe_work_bytes(void);
+
+/* fp8mix_cast_delayed on the device.  x, q (ld_q), qt (NULL: none; ld_qt) as in
+ * fp8mix_cuda_cast with one per-tensor scale; st / role / r the state and recipe;
+ * fresh_amax: device float or NULL; record: nonzero records the cast's amax;
+ * scales: device float[2] out ([scale, 1 / scale]); amax: device float out (may be
+ * NULL).  The state's scale is checked on the device (status). */
+fp8mix_status fp8mix_cuda_cast_delayed(const void *x, fp8mix_dtype xt, int64_t rows, int64_t cols, int64_t ld_x,
+                                       uint8_t *q, int64_t ld_q, uint8_t *qt, int64_t ld_qt,
+                                       const fp8mix_delayed_state *st, int64_t role, const fp8mix_delayed_recipe *r,
+                                       const float *fresh_amax, int record, const fp8mix_cast_opts *opts,
+                                       const int64_t *rng, uint64_t rng_skip, float *scales, float *amax,
+                                       void *work, int *status, cudaStream_t stream);
+
+/* fp8mix_cast_grad on the device.  plan: device float[2] or NULL; pending: device
+ * float[slots] or NULL, with slot a device int64 (the reserved slot; read on the
+ * device): pending[*slot] = max(pending[*slot], v); colsum: device float[cols] or
+ * NULL (per-column sequential float32 sums over rows 0..rows-1: the C core's bits);
+ * scale_inv (device float, required) and amax (may be NULL) out. */
+fp8mix_status fp8mix_cuda_cast_grad(const void *dy, fp8mix_dtype xt, int64_t rows, int64_t cols, int64_t ld,
+                                    uint8_t *q, int64_t ld_q, uint8_t *qt, int64_t ld_qt, const float *plan,
+                                    int margin, int pow2, float amax_epsilon, float *pending, int64_t slots,
+                                    const int64_t *slot, const fp8mix_cast_opts *opts, const int64_t *rng,
+                                    uint64_t rng_skip, float *scale_inv, float *amax, float *colsum, void *work,
+                                    int *status, cudaStream_t stream);
+
+/* fp8mix_delayed_record (amax: one device float) or, with rescale_only,
+ * fp8mix_delayed_rescale (amax unused, may be NULL). */
+fp8mix_status fp8mix_cuda_delayed_record(const fp8mix_delayed_state *st, int64_t role, fp8mix_format fmt,
+                                         const fp8mix_delayed_recipe *r, const float *amax, int rescale_only,
+                                         cudaStream_t stream);
+
+/* fp8mix_delayed_flush: pending (device float[slots]), next_slot (device int64, in
+ * out), plan (device float[2] out), reserved (device int64 out, required: written
+ * always, 0 when not reserving, so that the caller needs no fill). */
+fp8mix_status fp8mix_cuda_delayed_flush(const fp8mix_delayed_state *st, int64_t role, fp8mix_format fmt,
+                                        const fp8mix_delayed_recipe *r, float *pending, int64_t slots,
+                                        int64_t *next_slot, int record, int reserve, float *plan,
+                                        int64_t *reserved, cudaStream_t stream);
 
 /* ---- scaled GEMM through cuBLASLt ------------------------------------------- */
 
@@ -239,16 +329,19 @@ fp8mix_status fp8mix_cuda_bias_add(const float *acc, int64_t rows, int64_t cols,
 /* ---- quantisation statistics --------------------------------------------------- */
 
 /* fp8mix_quant_stats on the device: out (device, FP8MIX_STATS_N doubles) gets the
- * same entries; counts are exact (bit-identical to the CPU), SIGNAL / NOISE are
- * float64 sums in another (fixed) order, so they agree with the CPU to rounding,
- * MIN_NONZERO exactly.  work: device scratch of fp8mix_cuda_quant_stats_work_bytes()
- * bytes (per-block partials, summed in block order: the result is the same on every
- * run).  scale_status: see "Conventions". */
+ * same 84 entries with the same bits: counts exact, and the float64 sums added in
+ * fp8mix.h's documented order (tasks of rows, 16 lane partials, the fixed tree, tasks
+ * in order), one thread per (task, lane).  bad_scale_as_one as fp8mix_stats_opts;
+ * without it a scale_inv entry that is not finite and > 0 sets scale_status
+ * (see "Conventions") instead of failing.  work: device scratch of
+ * fp8mix_cuda_quant_stats_work_bytes() bytes, 8-byte aligned.  Launches: 2 (a
+ * one-block kernel finding the pivot and zeroing the accumulators; the task kernel,
+ * whose last block adds the task sums in order and writes out). */
 size_t fp8mix_cuda_quant_stats_work_bytes(void);
 fp8mix_status fp8mix_cuda_quant_stats(const void *x, fp8mix_dtype xt, int64_t rows, int64_t cols, int64_t ld_x,
                                       const uint8_t *q, int64_t ld_q, fp8mix_format fmt, fp8mix_granularity gran,
-                                      const float *scale_inv, double *out, void *work, int *scale_status,
-                                      cudaStream_t stream);
+                                      const float *scale_inv, int bad_scale_as_one, double *out, void *work,
+                                      int *scale_status, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

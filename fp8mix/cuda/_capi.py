@@ -90,7 +90,7 @@ def _lib() -> ctypes.CDLL:
     lib.fp8mix_cast.restype = _int
     if hasattr(lib, "fp8mix_cuda_cast"):
         lib.fp8mix_cuda_cast.argtypes = [p, _int, _i64, _i64, _i64, _int, p, p, _i64, p, _i64, p, p,
-                                         ctypes.POINTER(_CastOpts), p]
+                                         ctypes.POINTER(_CastOpts), p, _u64, p]  # ..., rng, rng_skip, stream
         lib.fp8mix_cuda_cast.restype = _int
     return lib
 
@@ -152,7 +152,8 @@ def cast_raw(x: torch.Tensor, scale: torch.Tensor, fp8_dtype: torch.dtype, *, sa
     if x.device.type == "cuda":
         if not hasattr(lib, "fp8mix_cuda_cast"):
             raise RuntimeError("cast_raw: this fp8mix build has no CUDA kernels")
-        st = lib.fp8mix_cuda_cast(*args, None, ctypes.byref(o), torch.cuda.current_stream(x.device).cuda_stream)
+        st = lib.fp8mix_cuda_cast(*args, None, ctypes.byref(o), None, 0,
+                                  torch.cuda.current_stream(x.device).cuda_stream)
     else:
         st = lib.fp8mix_cast(*args, ctypes.byref(o))
     if st != 0:

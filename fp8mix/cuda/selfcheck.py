@@ -5,11 +5,15 @@ deterministic input (special values included), on the device and on the CPU, the
 compares (fp8mix.cuda.compare): every cast mode (E4M3 / E5M2, saturating or not,
 round-to-nearest with both encoders and stochastic rounding, the four granularities,
 with and without the transpose, float32 / bfloat16 / float16 inputs, inf_to_nan),
-amax, compute_scale, quantize_current, dequantize, quant_stats, the delayed-scaling
-update kernel, and scaled_mm per tensor / row / 128-block to within summation order
+amax, compute_scale, quantize_current, dequantize, quant_stats (all 84 entries), the
+delayed-scaling update kernel, the per-tensor recipes' ops with their state
+(fp8mix.cuda.recipe_cases: delayed_cast, delayed_record, delayed_flush, grad_cast, a
+short training chain, tensor-held stochastic-rounding streams), and scaled_mm per
+tensor / row / 128-block to within summation order
 (through the torch._scaled_mm fallback when cuBLASLt refuses a kind on this device).
 A mismatch raises SelfCheckError naming the kernel and the first differing element.
-It costs tens of milliseconds (all device results come back in one copy);
+It costs about 0.1-0.2 s, mostly the CPU half (measured: collect_cases("cpu"), both halves on
+the CPU, 0.19 s on one Xeon thread); all device results come back in one copy;
 FP8MIX_CUDA_SELFCHECK=0 skips it.
 
 ``collect_cases(device)`` is the device half; called with the CPU it runs the same
@@ -24,7 +28,7 @@ import time
 import torch
 
 from .. import ops  # noqa: F401  (loads fp8mix._C, which registers torch.ops.fp8mix)
-from . import _capi
+from . import _capi, recipe_cases
 from .compare import Case, SelfCheckError, gemm_bound, random_scales, verify
 from .fallback import is_refusal, scaled_mm_fallback
 
@@ -155,14 +159,35 @@ def _amax_scale_dequant_cases(dev: torch.device, out: list) -> None:
 
 
 def _stats_cases(dev: torch.device, out: list) -> None:
-    if dev.type == "cuda" and not torch._C._dispatch_has_kernel_for_dispatch_key("fp8mix::quant_stats", "CUDA"):
-        return
-    for fmt, gran, sat in ((E4, 2, False), (E5, 0, True)):
-        x = _x((67, 272), torch.bfloat16, 90 + gran)
+    """quant_stats' 84 entries, bit for bit (a bad scale counted with bad_scale_as_one)."""
+    for i, (fmt, gran, sat, dt) in enumerate(((E4, 2, False, torch.bfloat16), (E5, 0, True, torch.float32),
+                                              (E4, 1, True, torch.float16), (E5, 3, False, torch.bfloat16))):
+        x = _x(_SHAPES[i % 2], dt, 90 + gran)
         q, _, sinv, _ = _OPS.quantize_current(x, fmt, gran, 0, False, 0.0, sat, False, 0, 0, True, False)
-        want = _fp8.quant_stats(x, q, sinv, gran)
-        got = _fp8.quant_stats(x.to(dev), q.to(dev), sinv.to(dev), gran)
-        out.append((f"quant_stats[{fmt} gran={gran} saturate={sat}]", got, want, "stats"))
+        bad = i == 3
+        if bad:
+            sinv.view(-1)[0] = 0.0
+        want = _OPS.quant_stats(x, q, sinv, gran, bad_scale_as_one=bad)
+        got = _OPS.quant_stats(x.to(dev), q.to(dev), sinv.to(dev), gran, bad_scale_as_one=bad)
+        out.append((f"quant_stats[{fmt} gran={gran} saturate={sat} {dt} bad_scale={bad}]", got, want, "stats"))
+
+
+def _recipe_cases(dev: torch.device, out: list) -> None:
+    """The per-tensor recipes' ops (fp8mix.cuda.recipe_cases): state and outputs bit for bit."""
+    rc = recipe_cases
+    for i, spec in enumerate(rc.SPECS):
+        rc.delayed_cast_case(dev, out, spec=spec, dtype=_HP[i], shape=_SHAPES[i % 2], first_use=i == 1, fresh=i == 2,
+                             transpose=i != 2, record=i != 2, sr=i == 0, seed=i)
+        rc.record_case(dev, out, spec=spec, first_use=i == 0, seed=i)
+        rc.flush_case(dev, out, spec=spec, filled=((0, 3), (1, 2), ())[i], head=(3, 9, 0)[i], reserve=i != 2,
+                      seed=i)
+    for i, plan in enumerate(("delayed", "fresh", "none")):
+        rc.grad_cast_case(dev, out, plan=plan, dtype=_HP[i], shape=_SHAPES[i % 2], slot=(1, 3, None)[i],
+                          slot_value=(-1.0, 1e9, 0.0)[i], colsum=i != 2, transpose=i != 1, margin=i, pow2=i == 1,
+                          eps=1e-3 * (i == 2), sr=i == 1, seed=i)
+    rc.chain_case(dev, out, sr=True, dtype=torch.bfloat16)
+    for i, op in enumerate(("cast", "quantize") * 2):
+        rc.rng_cast_case(dev, out, op=op, gran=i, transpose=i % 2 == 0, dtype=_HP[i % 3], seed=i)
 
 
 def _rederive(h, am, scale, steps, fmax, margin, pow2, algo, interval):
@@ -244,7 +269,7 @@ def _fetch(pending: list) -> list[Case]:
 
 
 _BUILDERS = (_cast_cases, _inf_to_nan_cases, _quantize_cases, _amax_scale_dequant_cases, _stats_cases,
-             _delayed_cases, _gemm_cases)
+             _delayed_cases, _recipe_cases, _gemm_cases)
 
 
 def collect_cases(device) -> list[Case]:
