@@ -70,7 +70,7 @@ _checked_devices: set = set()
 
 def _first_cuda_use(t: torch.Tensor) -> None:
     """The first time a process runs fp8mix's CUDA kernels on a device, compare them with the
-    C core (fp8mix.cuda.run_selfcheck: milliseconds; FP8MIX_CUDA_SELFCHECK=0 skips it). A
+    C core (fp8mix.cuda.run_selfcheck: about 0.2 s, most of it the CPU half; FP8MIX_CUDA_SELFCHECK=0 skips it). A
     mismatch raises one error naming the kernel and the first differing element."""
     if t.device.type != "cuda" or t.device in _checked_devices or torch.compiler.is_compiling():
         return
