@@ -48,6 +48,9 @@ def _add_demo(sub) -> None:
                         "same initial weights and batches to every run) and report each run's validation-loss "
                         "gap to fp32 as mean +- 95%% interval (default 1)")
     p.add_argument("--out", default="fp8mix_out", help="output folder (default ./fp8mix_out)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads for torch and fp8mix (default: torch's, or 1 when the machine is already "
+                        "busier than its cores, where several threads spin against other processes)")
     p.add_argument("--data", default=None, help="text file or folder to train on (default: the stdlib's *.py)")
     p.add_argument("--seed", type=int, default=0, help="seed of weights and batch order (default 0)")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda or auto (cuda when available)")

@@ -150,3 +150,32 @@ def test_only_the_default_demo_may_be_shortened(tmp_path, extra, may_fit):
     args = cli.build_parser().parse_args(["demo", "--out", str(tmp_path / "o"), *extra])
     _, choices, _ = main._prepare(args)
     assert choices.may_fit is may_fit and args.steps == 400 and args.warmup == 20
+
+
+def test_auto_threads_uses_one_thread_only_on_a_machine_busier_than_its_cores():
+    from fp8mix.tools.demo.main import auto_threads
+
+    assert auto_threads(load=0.3, cpus=2, current=2) == (2, "")
+    assert auto_threads(load=1.9, cpus=2, current=2) == (2, "")
+    n, note = auto_threads(load=2.0, cpus=2, current=2)
+    assert n == 1 and "load 2.0 on 2 CPUs" in note and "--threads 2" in note
+    assert auto_threads(load=9.0, cpus=2, current=1) == (1, "")  # already one thread: nothing to say
+
+
+def test_threads_option_sets_torchs_thread_count_and_rejects_zero():
+    import types
+
+    import torch
+
+    from fp8mix.tools._common import UsageError
+    from fp8mix.tools.demo.main import _choose_threads
+
+    before = torch.get_num_threads()
+    try:
+        choices = types.SimpleNamespace(may_fit=True)
+        assert _choose_threads(types.SimpleNamespace(threads=1), choices, torch.device("cpu")) == ""
+        assert torch.get_num_threads() == 1
+        with pytest.raises(UsageError, match="--threads must be >= 1"):
+            _choose_threads(types.SimpleNamespace(threads=0), choices, torch.device("cpu"))
+    finally:
+        torch.set_num_threads(before)

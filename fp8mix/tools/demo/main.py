@@ -74,6 +74,33 @@ def check_args(cfg) -> None:
         raise UsageError("--resume needs --checkpoint-dir (the folder to resume from)")
 
 
+def auto_threads(load: float, cpus: int, current: int) -> tuple:
+    """(threads, note) for the default demo on the CPU: on a machine whose 1-minute load
+    average already reaches its CPU count, torch's threads wait on each other behind other
+    processes (measured on 2 busy cores: a demo step took 2x as long on 2 threads as on 1),
+    so one thread; otherwise torch's choice."""
+    if current > 1 and load >= cpus:
+        return 1, (f"note: the machine is busy (load {load:.1f} on {cpus} CPUs): training on 1 thread instead of "
+                   f"{current} (--threads {current} to override)")
+    return current, ""
+
+
+def _choose_threads(args, choices, device) -> str:
+    """Apply --threads, or auto_threads for the default demo; returns the note to print."""
+    threads = getattr(args, "threads", None)
+    if threads is not None:
+        if threads < 1:
+            raise UsageError(f"--threads must be >= 1, got {threads}")
+        torch.set_num_threads(threads)  # fp8mix's kernels follow torch's thread count
+        return ""
+    if not choices.may_fit or device.type != "cpu" or not hasattr(os, "getloadavg"):
+        return ""
+    n, note = auto_threads(os.getloadavg()[0], os.cpu_count() or 1, torch.get_num_threads())
+    if note:
+        torch.set_num_threads(n)
+    return note
+
+
 def machine_info() -> dict:
     """The machine facts the header prints and results.json keeps."""
     return {"machine": platform.machine(), "fp8mix_isa": str(fp8mix.cpu_isa()),
@@ -103,6 +130,7 @@ def _prepare(args) -> tuple:
         os.makedirs(args.out, exist_ok=True)
     except OSError as exc:
         raise UsageError(f"cannot create --out {args.out!r}: {exc.strerror}") from None
+    args.thread_note = _choose_threads(args, choices, device)
     return names, choices, device
 
 
@@ -124,6 +152,8 @@ def _print_header(args, desc: str, names: list, seeds: list, device, n_params: i
           f"{m['torch_cpu_capability']} (torch {m['torch']})")
     seed_txt = f"seed {seeds[0]}" if len(seeds) == 1 else f"{len(seeds)} seeds ({seeds[0]}..{seeds[-1]})"
     print(f"runs: {', '.join(names)}; {seed_txt}", flush=True)
+    if getattr(args, "thread_note", ""):
+        print(args.thread_note)
     if not args.no_progress and not have_tqdm():
         print("note: no progress bars (tqdm is not installed: pip install tqdm); one line per validation instead")
 
