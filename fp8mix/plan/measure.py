@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 import torch.nn as nn
@@ -105,8 +105,9 @@ class Session:
         self._training = m.training
         self._rng = torch.get_rng_state()
         self._grads = {id(p): p.grad for p in m.parameters()}
-        self._policy = {n: (l.__dict__.get("fp8_enabled"), l.__dict__.get("fp8_recipe")) for n, l in self.layers.items()}
-        self._state = {n: {k: getattr(l, k).clone() for k in FP8_STATE_KEYS} for n, l in self.layers.items()}
+        self._policy = {n: (m_.__dict__.get("fp8_enabled"), m_.__dict__.get("fp8_recipe"))
+                        for n, m_ in self.layers.items()}
+        self._state = {n: {k: getattr(m_, k).clone() for k in FP8_STATE_KEYS} for n, m_ in self.layers.items()}
         m.eval()
         return self
 
@@ -141,7 +142,7 @@ class Session:
             layer.fp8_recipe = recipe
             layer.reset_fp8_state()
 
-    def run(self, config: dict, *, backward: bool = False, probe: LayerProbe = None, after_backward=None) -> float:
+    def run(self, config: dict, *, backward: bool = False, probe: Optional[LayerProbe] = None, after_backward=None) -> float:
         """Mean loss over the batches under `config`; with backward, after_backward(i) is
         called after batch i's backward (the parameters' .grad then hold its gradients)."""
         self.configure(config)

@@ -95,8 +95,8 @@ class LayerPlan:
 
     @classmethod
     def from_json(cls, d: dict) -> "LayerPlan":
-        if not isinstance(d, dict) or "name" not in d or "decision" not in d:
-            raise ValueError(f"fp8mix.Plan.load: a layer entry needs 'name' and 'decision', got {d!r}")
+        if not isinstance(d, dict) or not all(k in d for k in ("name", "decision", "reason")):
+            raise ValueError(f"fp8mix.Plan.load: a layer entry needs 'name', 'decision' and 'reason', got {d!r}")
         known = {f.name for f in dataclasses.fields(cls)}
         fields = {k: v for k, v in _unsafe(d).items() if k in known}
         if fields.get("recipe") is not None:

@@ -24,9 +24,9 @@ for the search and H held out (default: the last third, at least one):
    the plan: the measured increase. Beyond the budget, the FP8 layer of highest cost (or
    lowest SQNR) goes back and the plan is measured again, up to ``max_repairs`` times.
 
-Cost: B (2 + C + 2N) + H (2 + 2r) forward (B more when the SQNR rule keeps a layer) and B (1 + C) + H (2 + 2r) backward passes for
-N layers, C candidates and r repairs -- e.g. 4 search and 2 held-out batches, 3 candidates
-and the 9 linear layers of a 2-block GPT: 96 forward and 20 backward passes, about 50
+Cost: B (2 + C + 2N) + H (2 + 2r) forward (B more when the SQNR rule keeps a layer) and
+B (1 + C) + H (2 + 2r) backward passes for N layers, C candidates and r repairs -- e.g. 4
+search and 2 held-out batches, 3 candidates and the 9 linear layers of a 2-block GPT: 96 forward and 20 backward passes, about 50
 training steps' worth (a backward costs about two forwards), never a training run per
 layer. metric="sqnr" skips step 4 (B (2 + C) forward). The plan reports what it used.
 
@@ -42,7 +42,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch.nn as nn
 
@@ -94,7 +94,7 @@ class _Layer:
     grad_sqnr: dict = dataclasses.field(default_factory=dict)
     prefs: dict = dataclasses.field(default_factory=dict)  # label -> {role: (Format, reason)}
     candidate: Optional[str] = None
-    recipe: object = None
+    recipe: Any = None
     formats: Optional[dict] = None
     solo: float = math.nan
     keep: float = math.nan
@@ -103,13 +103,13 @@ class _Layer:
 
     @property
     def flops(self) -> float:
-        m = self.module
-        return 6.0 * self.rows * m.in_features * m.out_features
+        m: Any = self.module
+        return 6.0 * self.rows * int(m.in_features) * int(m.out_features)
 
     @property
     def tiny(self) -> bool:
-        m = self.module
-        return min(m.in_features, m.out_features) < m.fp8_min_features
+        m: Any = self.module
+        return bool(min(int(m.in_features), int(m.out_features)) < int(m.fp8_min_features))
 
 
 def _grad_sqnr_hook(layers: dict, ref: dict, label: str):
