@@ -142,7 +142,8 @@ class Session:
             layer.fp8_recipe = recipe
             layer.reset_fp8_state()
 
-    def run(self, config: dict, *, backward: bool = False, probe: Optional[LayerProbe] = None, after_backward=None) -> float:
+    def run(self, config: dict, *, backward: bool = False, probe: Optional[LayerProbe] = None,
+            after_backward=None) -> float:
         """Mean loss over the batches under `config`; with backward, after_backward(i) is
         called after batch i's backward (the parameters' .grad then hold its gradients)."""
         self.configure(config)

@@ -26,9 +26,10 @@ for the search and H held out (default: the last third, at least one):
 
 Cost: B (2 + C + 2N) + H (2 + 2r) forward (B more when the SQNR rule keeps a layer) and
 B (1 + C) + H (2 + 2r) backward passes for N layers, C candidates and r repairs -- e.g. 4
-search and 2 held-out batches, 3 candidates and the 9 linear layers of a 2-block GPT: 96 forward and 20 backward passes, about 50
-training steps' worth (a backward costs about two forwards), never a training run per
-layer. metric="sqnr" skips step 4 (B (2 + C) forward). The plan reports what it used.
+search and 2 held-out batches, 3 candidates and the 9 linear layers of a 2-block GPT: 96
+forward and 20 backward passes, about 50 training steps' worth (a backward costs about two
+forwards), never a training run per layer. metric="sqnr" skips step 4 (B (2 + C) forward).
+The plan reports what it used.
 
 Default budget 1% of the high-precision loss: an FP8 run whose loss is within about 1% of
 float32 at the search point trains as well as float32 in the stability suite (docs/stability.md:
