@@ -174,7 +174,7 @@ class Session:
 def formats_of(prefs: dict, recipe) -> tuple:
     """(fp8_format, {role: Format}) for a layer from Format.AUTO's preferences per role
     (prefs: role -> (Format, reason)); forward roles share one format, so E5M2 for either
-    input or weight makes both E5M2. The pair maps to the recipe's format field: E4M3/E5M2
+    input or weight makes both E5M2; a delayed recipe keeps its own gradient format. The pair maps to the recipe's format field: E4M3/E5M2
     forward with E5M2 gradients is HYBRID or E5M2, with E4M3 gradients E4M3 or AUTO (a
     recipe has no "E5M2 forward, E4M3 backward": AUTO then decides at run time)."""
     if not prefs:
@@ -182,6 +182,12 @@ def formats_of(prefs: dict, recipe) -> tuple:
     fwd = Format.E5M2 if any(prefs.get(r, (Format.E4M3,))[0] is Format.E5M2 for r in ("input", "weight")) \
         else Format.E4M3
     grad = prefs.get("grad_output", (recipe.format("grad_output"),))[0]
+    if recipe.delayed():
+        # AUTO evaluates with the tensor's own amax; delayed scaling casts gradients with the
+        # history's max, which early in training is far above the current amax, and E4M3's
+        # narrower range then flushes them (stability suite, clean GPT: up to 41% of a layer's
+        # gradient lost, SQNR 4.9 dB, vs 0.4% / 12 dB for E5M2): keep the recipe's gradient format
+        grad = recipe.format("grad_output")
     fmt = {(Format.E4M3, Format.E5M2): Format.HYBRID, (Format.E4M3, Format.E4M3): Format.E4M3,
            (Format.E5M2, Format.E5M2): Format.E5M2, (Format.E5M2, Format.E4M3): Format.AUTO}[(fwd, grad)]
     return fmt, {"input": fwd, "weight": fwd, "grad_output": grad}

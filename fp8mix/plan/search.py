@@ -10,7 +10,8 @@ for the search and H held out (default: the last third, at least one):
    layer in FP8, forward + backward: the loss, each layer's *own* output SQNR (its FP8
    output against its high-precision forward on the same input), its weight-gradient SQNR,
    and Format.AUTO's preferred format per tensor role (fp8mix.auto_format.evaluate: the one
-   format policy) -- where AUTO would choose E4M3 for gradients, the layer's recipe does;
+   format policy) -- where AUTO would choose E4M3 for gradients, the layer's recipe does,
+   except under delayed scaling (its lagging scale flushes E4M3 gradients: measure.formats_of);
 3. each layer gets the candidate with the best output SQNR (within 1 dB the earlier one)
    and AUTO's formats; one forward pass with every layer under its chosen recipe measures
    the SQNR again (key "plan"), and a layer below SQNR_LIMIT_DB (20 dB, the inspect

