@@ -17,6 +17,7 @@ from .grad_scaler import FP8GradScaler
 from .monitor import Monitor
 from .nn import Linear, checkpoint, convert_model, load_fp8_state, strip_fp8_state, unconvert_model
 from .ops import cpu_isa, set_max_isa
+from .plan import FP8Guard, Plan, ProgressiveFP8, search_plan
 from .quantize import amax, cast_transpose, dequantize, quantize
 from .tensor import Float8Tensor
 
@@ -25,4 +26,5 @@ __all__ = [
     "unconvert_model", "strip_fp8_state", "load_fp8_state", "checkpoint", "fp8_autocast", "autocast",
     "is_fp8_enabled", "nn", "optim", "recipe", "quantize", "dequantize", "amax", "cast_transpose", "scaled_mm",
     "fp8_dtype", "fp8_max", "cpu_isa", "set_max_isa", "__version__",
+    "search_plan", "Plan", "ProgressiveFP8", "FP8Guard",
 ]

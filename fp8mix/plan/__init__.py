@@ -12,7 +12,10 @@ Recipes' JSON form is recipes.py; the measurement passes are measure.py. Nothing
 changes how a module computes: plans act through the per-module policy attributes
 (``fp8_enabled``, ``fp8_recipe``) of fp8mix.nn.fp8_state.
 """
+from .guard import GUARD_DEFAULTS, FP8Guard, FP8GuardWarning
 from .plan import LayerPlan, Plan
+from .progressive import ProgressiveFP8
 from .search import DEFAULT_BUDGET, SQNR_LIMIT_DB, search_plan
 
-__all__ = ["search_plan", "Plan", "LayerPlan", "DEFAULT_BUDGET", "SQNR_LIMIT_DB"]
+__all__ = ["search_plan", "Plan", "LayerPlan", "ProgressiveFP8", "FP8Guard", "FP8GuardWarning", "GUARD_DEFAULTS",
+           "DEFAULT_BUDGET", "SQNR_LIMIT_DB"]

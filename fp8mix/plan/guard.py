@@ -43,7 +43,7 @@ from .recipes import recipe_from_json, recipe_label, recipe_to_json
 
 __all__ = ["FP8Guard", "FP8GuardWarning", "GUARD_DEFAULTS"]
 
-GUARD_DEFAULTS = {"overflow_frac": 0.01, "underflow_frac": 0.10, "sqnr_db": 8.0, "patience": 2, "loss_spike": 2.0,
+GUARD_DEFAULTS: dict = {"overflow_frac": 0.01, "underflow_frac": 0.10, "sqnr_db": 8.0, "patience": 2, "loss_spike": 2.0,
                   "loss_window": 20}
 _STATE_VERSION = 1
 
@@ -90,7 +90,8 @@ class FP8Guard:
         if not (callable(getattr(monitor, "attach", None)) and hasattr(monitor, "records")):
             raise TypeError(f"fp8mix.FP8Guard: monitor must be an fp8mix.Monitor, got {type(monitor).__name__}")
         if fallback is not None and not isinstance(fallback, RECIPES):
-            raise TypeError(f"fp8mix.FP8Guard: fallback must be an fp8mix recipe or None, got {type(fallback).__name__}")
+            raise TypeError("fp8mix.FP8Guard: fallback must be an fp8mix recipe or None, got "
+                            f"{type(fallback).__name__}")
         if isinstance(sqnr_db, bool) or not isinstance(sqnr_db, (int, float)) or math.isnan(sqnr_db):
             raise ValueError(f"fp8mix.FP8Guard: sqnr_db must be a number, got {sqnr_db!r}")
         if loss_spike is not None and (isinstance(loss_spike, bool) or not isinstance(loss_spike, (int, float))

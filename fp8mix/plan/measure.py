@@ -174,9 +174,10 @@ class Session:
 def formats_of(prefs: dict, recipe) -> tuple:
     """(fp8_format, {role: Format}) for a layer from Format.AUTO's preferences per role
     (prefs: role -> (Format, reason)); forward roles share one format, so E5M2 for either
-    input or weight makes both E5M2; a delayed recipe keeps its own gradient format. The pair maps to the recipe's format field: E4M3/E5M2
-    forward with E5M2 gradients is HYBRID or E5M2, with E4M3 gradients E4M3 or AUTO (a
-    recipe has no "E5M2 forward, E4M3 backward": AUTO then decides at run time)."""
+    input or weight makes both E5M2; a delayed recipe keeps its own gradient format. The
+    pair maps to the recipe's format field: E4M3/E5M2 forward with E5M2 gradients is HYBRID
+    or E5M2, with E4M3 gradients E4M3 or AUTO (a recipe has no "E5M2 forward, E4M3
+    backward": AUTO then decides at run time)."""
     if not prefs:
         return recipe.fp8_format, {r: recipe.format(r) for r in ROLES}
     fwd = Format.E5M2 if any(prefs.get(r, (Format.E4M3,))[0] is Format.E5M2 for r in ("input", "weight")) \

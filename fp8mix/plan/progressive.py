@@ -5,8 +5,9 @@ increase the FP8 share step by step, and watch the training closely").
 Order: the plan's FP8 layers by predicted cost (LayerPlan.cost), then by their output SQNR
 under the chosen recipe (higher first), then by name. Layer k of n enters at step
 ``floor(k * warmup_steps / n)``: the first at step 0, all of them by ``warmup_steps``. Until
-it enters, a layer runs in high precision (``fp8_enabled = False``); entering, it starts
-from a fresh FP8 state (its first cast scales by its own amax). Layers the plan keeps never
+it enters, a layer runs in high precision (``fp8_enabled = False``) and its FP8 state is
+untouched, so it enters with the fresh state it was converted with (its first cast scales
+by its own amax). Layers the plan keeps never
 enter. A layer an :class:`fp8mix.FP8Guard` has moved stays where the guard put it.
 
 Call :meth:`step` once per optimizer step; :meth:`state_dict` / :meth:`load_state_dict`
@@ -87,7 +88,8 @@ class ProgressiveFP8:
             due = self.enter_at[name] <= self._step
             m = self.layers[name]
             if due and name not in self._in:
-                m.reset_fp8_state()
+                # no reset_fp8_state(): a layer that never cast has a fresh state already, and a
+                # resumed run's loaded state (its random-stream key included) must stay as saved
                 m.fp8_enabled = True
                 self._in.add(name)
                 entered.append(name)

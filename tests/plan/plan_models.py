@@ -62,3 +62,40 @@ def batches(n: int, seed: int = 0) -> list:
 def loss_fn(model, batch):
     x, y = batch
     return F.cross_entropy(model(x), y)
+
+
+class Spiky(nn.Module):
+    """Multiplies the input of `lin` by `factor` and divides the output by it (bias kept):
+    the float32 function is the same (exactly, for a power of two and no bias), while the
+    FP8 casts see the input's amax jump by `factor` -- the injected fault of the guard tests."""
+
+    def __init__(self, lin: nn.Linear):
+        super().__init__()
+        self.lin = lin
+        self.factor = 1.0
+
+    def forward(self, x):
+        f = self.factor
+        if f == 1.0:
+            return self.lin(x)
+        y = self.lin(x * f)
+        if self.lin.bias is not None:
+            y = y + (f - 1.0) * self.lin.bias
+        return y / f
+
+
+class SpikyMLP(nn.Module):
+    """64 -> 128 -> 128 -> 128 -> 10 with fc2 wrapped in Spiky."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(64, 128)
+        self.fc2 = Spiky(nn.Linear(128, 128))
+        self.fc3 = nn.Linear(128, 128)
+        self.head = nn.Linear(128, 10)
+
+    def forward(self, x):
+        x = F.relu(self.fc1(x))
+        x = F.relu(self.fc2(x))
+        x = F.relu(self.fc3(x))
+        return self.head(x)
