@@ -99,3 +99,14 @@ class SpikyMLP(nn.Module):
         x = F.relu(self.fc2(x))
         x = F.relu(self.fc3(x))
         return self.head(x)
+
+
+def planted_mlp() -> MLP:
+    """Factory for the CLI tests (``plan_models:planted_mlp``)."""
+    torch.manual_seed(0)
+    return MLP(planted=True)
+
+
+def mse_loss(model, inputs):
+    """A --loss function of the CLI tests: the output against zeros."""
+    return F.mse_loss(model(*inputs), torch.zeros(inputs[0].shape[0], 10))
