@@ -142,7 +142,7 @@ def _measure_candidates(s: Session, info: dict, candidates: dict) -> tuple:
         probe.remove()
     for n, st in info.items():
         st.rows = probe.rows[n] // len(s.batches)
-    eligible = [n for n, st in info.items() if not st.tiny]
+    eligible = [n for n, st in info.items() if not st.tiny and st.rows > 0]
     loss_all = {}
     for label, recipe in candidates.items():
         probe = LayerProbe(s.layers, formats=True)
@@ -264,6 +264,9 @@ def search_plan(model: nn.Module, batches, loss_fn: Callable, *, candidates=None
     if heldout is None:
         n_h = max(1, len(batches) // 3) if len(batches) > 1 else 0
         search, held = (batches[:-n_h], batches[-n_h:]) if n_h else (batches, batches)
+        if not n_h:
+            warnings.warn("fp8mix.search_plan: one batch only; the plan is verified on the batch it was searched "
+                          "on (give more batches, or heldout=, for an independent check)", UserWarning, stacklevel=2)
     else:
         search, held = batches, list(heldout)
         if not held:
@@ -304,6 +307,8 @@ def _search(model, search, held, loss_fn, candidates, budget, metric, max_repair
     for st in info.values():
         if st.tiny:
             st.reason = f"fewer than {st.module.fp8_min_features} features: runs in high precision anyway"
+        elif st.rows == 0:
+            st.reason = "not called on the search batches: no measurement, left in high precision"
     chosen = _select(info, ok, budget * loss_hp, metric)
     measured = _verify(model, held, loss_fn, info, chosen, budget, max_repairs, notes, passes)
     predicted = sum(info[n].cost for n in chosen) / loss_hp if loss_hp else math.nan  # after repairs

@@ -84,7 +84,7 @@ def test_output_sqnr_matches_an_ml_dtypes_reference():
     lin = nn.Linear(128, 96)
     x = torch.randn(64, 128)
     model = nn.Sequential(lin)
-    plan = search_plan(model, [(x, None)], lambda m, b: m(b[0]).pow(2).mean(),
+    plan = search_plan(model, [(x, None)], lambda m, b: m(b[0]).pow(2).mean(), heldout=[(x, None)],
                        candidates={"current": CurrentScaling(fp8_format=fp8mix.Format.E4M3)})
     got = plan.layer("0").output_sqnr_db["current"]
     w = lin.weight.detach()
@@ -163,3 +163,22 @@ def test_bad_model_batches_and_loss():
     with pytest.raises(TypeError, match="scalar"):
         search_plan(model, batches(2), lambda m, b: m(b[0]))
     assert type(model.fc1) is nn.Linear  # unconverted again after the failure
+
+
+class _Unused(nn.Module):
+    """fc1 and fc3 run; `spare` is never called."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.spare, self.fc3 = nn.Linear(64, 128), nn.Linear(64, 64), nn.Linear(128, 10)
+
+    def forward(self, x):
+        return self.fc3(torch.relu(self.fc1(x)))
+
+
+def test_a_layer_never_called_is_kept_with_its_reason_and_one_batch_warns():
+    torch.manual_seed(6)
+    with pytest.warns(UserWarning, match="one batch only"):
+        plan = search_plan(_Unused(), batches(1), loss_fn)
+    assert plan.keep == ["spare", "fc3"] and plan.fp8 == ["fc1"]
+    assert "not called" in plan.layer("spare").reason and plan.layer("spare").flops == 0
