@@ -127,7 +127,7 @@ def _metrics(name, runs, arms) -> dict:
 
 def _plot(res: dict, fault_at: int) -> str:
     fig, ax = C.figure(2)
-    C.plot_losses(ax[0][0], res, "GPT with a spiking blocks.1.fc from step %d: loss" % fault_at, ylim=(2.0, 3.6))
+    C.plot_losses(ax[0][0], res, f"GPT, {LAYER} input spiking from step {fault_at}: loss", ylim=(2.0, 6.0))
     ax[0][0].axvline(fault_at, color="grey", ls=":", lw=1)
     ax2 = ax[0][1]
     for name in ("FP8 + fault, unguarded", "FP8 + fault, guarded", "FP8 clean, guarded"):
@@ -135,7 +135,7 @@ def _plot(res: dict, fault_at: int) -> str:
         ax2.plot([r["step"] for r in recs], [100 * r["underflow_frac"] for r in recs], marker=".", ms=3, lw=1,
                  label=name)
     ax2.axhline(100 * GUARD_DEFAULTS["underflow_frac"], color="red", ls="--", lw=1, label="guard threshold")
-    ax2.set_title(f"{LAYER} input: underflow % (first seed; none sampled once in high precision)", fontsize=9)
+    ax2.set_title(f"{LAYER} input: underflow % (first seed; no samples once moved)", fontsize=9)
     ax2.set_xlabel("step")
     ax2.set_ylabel("%")
     ax2.grid(alpha=0.3)
