@@ -15,7 +15,8 @@ changes how a module computes: plans act through the per-module policy attribute
 from .guard import GUARD_DEFAULTS, FP8Guard, FP8GuardWarning
 from .plan import LayerPlan, Plan
 from .progressive import ProgressiveFP8
+from .recipes import default_candidates, recipe_from_json, recipe_to_json
 from .search import DEFAULT_BUDGET, SQNR_LIMIT_DB, search_plan
 
 __all__ = ["search_plan", "Plan", "LayerPlan", "ProgressiveFP8", "FP8Guard", "FP8GuardWarning", "GUARD_DEFAULTS",
-           "DEFAULT_BUDGET", "SQNR_LIMIT_DB"]
+           "DEFAULT_BUDGET", "SQNR_LIMIT_DB", "default_candidates", "recipe_to_json", "recipe_from_json"]

@@ -23,7 +23,6 @@ import sys
 import torch
 
 import fp8mix
-from fp8mix.plan.recipes import default_candidates
 
 from ._common import UsageError, pick_device
 from .inspect import first_tensor, load_model, make_inputs
@@ -57,7 +56,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _candidates(spec: str) -> dict:
-    known = default_candidates()
+    # fp8mix.plan by attribute: the tools import only fp8mix's public modules (tests/tools/test_layout.py)
+    known = fp8mix.plan.default_candidates()
     names = [s.strip() for s in spec.split(",") if s.strip()]
     bad = [n for n in names if n not in known]
     if not names or bad:
