@@ -104,6 +104,7 @@ class Session:
         m = self.model
         self._training = m.training
         self._rng = torch.get_rng_state()
+        self._cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
         self._grads = {id(p): p.grad for p in m.parameters()}
         self._policy = {n: (m_.__dict__.get("fp8_enabled"), m_.__dict__.get("fp8_recipe"))
                         for n, m_ in self.layers.items()}
@@ -131,6 +132,8 @@ class Session:
         for p in m.parameters():
             p.grad = self._grads.get(id(p))
         torch.set_rng_state(self._rng)
+        if self._cuda_rng is not None:
+            torch.cuda.set_rng_state_all(self._cuda_rng)
         m.train(self._training)
 
     def configure(self, config: dict) -> None:

@@ -36,6 +36,7 @@ from typing import Optional
 
 import torch.nn as nn
 
+from ..monitor.export import _json_safe as _safe  # the monitor's strict-JSON rule: non-finite floats as strings
 from ..nn.convert import convert_model
 from ..nn.fp8_state import FP8StateMixin
 from .recipes import recipe_from_json, recipe_to_json
@@ -244,17 +245,6 @@ class Plan:
 
 
 _NONFINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
-
-
-def _safe(o):
-    """Non-finite floats as strings, recursively (standard JSON)."""
-    if isinstance(o, float) and not math.isfinite(o):
-        return "nan" if math.isnan(o) else ("inf" if o > 0 else "-inf")
-    if isinstance(o, dict):
-        return {k: _safe(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [_safe(v) for v in o]
-    return o
 
 
 def _unsafe(o):
