@@ -31,6 +31,7 @@ from .nn import (
     unconvert_model,
 )
 from .ops import cpu_isa, set_max_isa
+from .plan import FP8Guard, Plan, ProgressiveFP8, search_plan
 from .quantize import amax, cast_transpose, dequantize, quantize
 from .tensor import Float8Tensor
 
@@ -41,4 +42,5 @@ __all__ = [
     "fp8_dtype", "fp8_max", "cpu_isa", "set_max_isa", "__version__",
     "LayerNorm", "RMSNorm", "LayerNormLinear", "LayerNormMLP", "TransformerLayer", "convert_module_to_fp8",
     "FP8GlobalState",
+    "search_plan", "Plan", "ProgressiveFP8", "FP8Guard",
 ]
