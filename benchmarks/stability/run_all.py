@@ -36,6 +36,8 @@ EXPERIMENTS = {
     7: "exp7_optimizer_states",
     8: "exp8_loss_scale",
     9: "exp9_auto_format",
+    10: "exp10_plan",
+    11: "exp11_guard",
 }
 DOC = os.path.join(C.DOCS, "stability.md")
 START, END = "<!-- exp{} start -->", "<!-- exp{} end -->"

@@ -71,7 +71,7 @@ def _convert_one(m: nn.Module) -> None:
 
 
 def convert_model(model: nn.Module, *, module_filter_fn: Optional[Callable[[nn.Module, str], bool]] = None,
-                  recipe=None) -> nn.Module:
+                  recipe=None, plan=None) -> nn.Module:
     """Turn every ``nn.Linear`` (and Hugging Face ``Conv1D``) of `model` into its fp8mix
     version in place, keeping its Parameters, and return `model`.
 
@@ -81,6 +81,9 @@ def convert_model(model: nn.Module, *, module_filter_fn: Optional[Callable[[nn.M
             the FP8 share of a model step by step.
         recipe: accepted for symmetry with Transformer Engine; the recipe is chosen by
             :func:`fp8mix.fp8_autocast` at run time.
+        plan: an :class:`fp8mix.Plan` (from :func:`fp8mix.search_plan` or ``Plan.load``):
+            after converting, each planned layer gets its decision (``fp8_enabled`` /
+            ``fp8_recipe``), layers the plan keeps stay in high precision.
 
     The modules converted and those left out (with the reason) are logged at INFO level and
     kept in ``model.fp8_conversion`` (a list of names with ``.skipped``: {name: reason});
@@ -93,6 +96,8 @@ def convert_model(model: nn.Module, *, module_filter_fn: Optional[Callable[[nn.M
         raise TypeError(f"convert_model: recipe must be an fp8mix.recipe object or None, got {type(recipe).__name__}")
     if module_filter_fn is not None and not callable(module_filter_fn):
         raise TypeError("module_filter_fn must be callable (module, fqn) -> bool")
+    if plan is not None and not callable(getattr(plan, "apply", None)):  # duck-typed: nn never imports plan
+        raise TypeError(f"convert_model: plan must be an fp8mix.Plan, got {type(plan).__name__}")
     report = ConversionReport()
     seen: set = set()
     for fqn, m in model.named_modules(remove_duplicate=False):
@@ -110,6 +115,8 @@ def convert_model(model: nn.Module, *, module_filter_fn: Optional[Callable[[nn.M
         _convert_one(m)
         report.append(name)
     _report(model, report)
+    if plan is not None:
+        plan.apply(model)
     return model
 
 

@@ -102,11 +102,28 @@ def _add_inspect(sub) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """The `python -m fp8mix` parser with its subcommands."""
     parser = _Parser(prog="python -m fp8mix", description="fp8mix command-line tools.")
-    sub = parser.add_subparsers(title="commands", dest="command", metavar="{demo,inspect}", required=True,
+    sub = parser.add_subparsers(title="commands", dest="command", metavar="{demo,inspect,plan}", required=True,
                                 parser_class=_Parser)
     _add_demo(sub)
     _add_inspect(sub)
+    _add_plan(sub)
     return parser
+
+
+def _add_plan(sub) -> None:
+    from .plan import add_arguments
+
+    p = sub.add_parser("plan", help="measure which layers FP8 hurts and write a precision plan",
+                       description="Search a per-layer FP8 plan (fp8mix.search_plan) for a model: print the "
+                                   "table and write the plan as JSON.")
+    add_arguments(p)
+    p.set_defaults(func=_run_plan)
+
+
+def _run_plan(args) -> int:
+    from .plan import run
+
+    return run(args)
 
 
 def _run_demo(args) -> int:

@@ -46,7 +46,7 @@ from fp8mix.recipe import role_format
 from ._common import UsageError, json_safe, pick_device
 
 AUTO_POLICY = AutoFormat()  # Format.AUTO's defaults: the same range tolerance as training's choice
-SQNR_LIMIT_DB = 20.0  # below this in the best format, keep the layer in high precision
+SQNR_LIMIT_DB = fp8mix.plan.SQNR_LIMIT_DB  # one rule with the planner: below it, keep the layer in high precision
 TINY_WEIGHTS = 4096  # layers with fewer weights save little in FP8
 ROLES = ("input", "weight", "grad_output")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,

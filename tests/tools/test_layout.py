@@ -13,7 +13,7 @@ import fp8mix
 ROOT = os.path.dirname(os.path.abspath(fp8mix.__file__))
 TOOLS = os.path.join(ROOT, "tools")
 # fp8mix modules a tool may import: the package's public surface (and the tools themselves)
-PUBLIC = {"fp8mix", "fp8mix.numerics", "fp8mix.recipe", "fp8mix.auto_format"}
+PUBLIC = {"fp8mix", "fp8mix.numerics", "fp8mix.recipe", "fp8mix.auto_format", "fp8mix.plan"}
 
 
 def _modules() -> dict:
