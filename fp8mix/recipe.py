@@ -7,6 +7,8 @@
   128x128 blocks for weights, each with its own current scale.
 - :class:`RowwiseScaling`: torchao's ``rowwise`` / ``rowwise_with_gw_hp``: current scales
   per row of each GEMM operand along that GEMM's reduction dimension.
+- :class:`MXFP8BlockScaling`: OCP MX (Blackwell's MXFP8): 1x32 blocks along each GEMM's
+  reduction dimension, one power-of-two (E8M0) scale per block.
   :func:`from_recipe_name` gives torchao's three recipe names.
 
 Tensor roles of a linear layer: ``"input"`` and ``"weight"`` (forward, E4M3 under
@@ -38,7 +40,8 @@ from typing import Callable, Optional, Union
 from .auto_format import AutoFormat
 from .formats import Format, Granularity
 
-__all__ = ["DelayedScaling", "CurrentScaling", "BlockScaling", "RowwiseScaling", "Float8CurrentScaling",
+__all__ = ["DelayedScaling", "CurrentScaling", "BlockScaling", "RowwiseScaling", "MXFP8BlockScaling",
+           "Float8CurrentScaling",
            "Float8BlockScaling", "ROLES", "role_format", "RECIPES", "from_recipe_name", "TORCHAO_RECIPE_NAMES",
            "from_config"]
 
@@ -342,7 +345,55 @@ class RowwiseScaling(_JustInTime):
     __hash__ = _Recipe.__hash__
 
 
-RECIPES = (DelayedScaling, CurrentScaling, BlockScaling, RowwiseScaling)
+@dataclasses.dataclass(frozen=True, eq=True)
+class MXFP8BlockScaling(_JustInTime):
+    """MXFP8 (OCP Microscaling v1.0; Transformer Engine's name): every GEMM operand cast in
+    blocks of 32 consecutive elements along that GEMM's reduction dimension, each block
+    scaled by a power of two 2^e, e in [-127, 127] (E8M0), from the block's own amax:
+
+        forward  x along K, W along K;   dgrad  dy along N, W along N;
+        wgrad    dy along M, x along M   (so x, W and dy are each quantised twice)
+
+    ``scale_rule``: ``"rceil"`` (default; NVIDIA's: the smallest 2^e with amax / 2^e <=
+    fp8_max) or ``"floor"`` (the OCP spec's floor(log2(amax)) - emax, which lets a block's
+    largest element saturate); ``margin`` adds to e. Elements round to nearest even (or
+    stochastically), saturating. E4M3 for every role by default (``Format.HYBRID``: E5M2
+    gradients). Scales are local to their blocks: nothing is all-reduced. CPU (the C
+    core); the fused norm/activation modules refuse it. ``power_2_scale`` is always True.
+    """
+
+    fp8_format: Format = Format.E4M3
+    margin: int = 0
+    scale_rule: str = "rceil"
+    power_2_scale: bool = True
+    amax_epsilon: float = 0.0
+    rounding: Union[str, dict, types.MappingProxyType] = "nearest"
+    auto: AutoFormat = dataclasses.field(default_factory=AutoFormat)
+    use_power_2_scales: Optional[bool] = None  # Transformer Engine's spelling of power_2_scale
+    reduce_amax: bool = True  # accepted for uniformity; block scales are never all-reduced
+    fp8_dpa: bool = False  # Transformer Engine's FP8 attention: not supported (True raises)
+    fp8_mha: bool = False
+
+    def __post_init__(self):
+        object.__setattr__(self, "fp8_format", _check_format(self.fp8_format,
+                                                              (Format.E4M3, Format.E5M2, Format.HYBRID)))
+        if self.scale_rule not in ("rceil", "floor"):
+            raise ValueError(f"MXFP8BlockScaling.scale_rule must be 'rceil' or 'floor', got {self.scale_rule!r}")
+        super().__post_init__()
+        if not self.power_2_scale:
+            raise ValueError("MXFP8BlockScaling: MX scales are powers of two by definition; power_2_scale must "
+                             "be True")
+
+    def granularity(self, role: str) -> Granularity:
+        return Granularity.MX
+
+    def along_reduction(self) -> bool:
+        return True
+
+    __hash__ = _Recipe.__hash__
+
+
+RECIPES = (DelayedScaling, CurrentScaling, BlockScaling, RowwiseScaling, MXFP8BlockScaling)
 
 TORCHAO_RECIPE_NAMES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 

@@ -1,10 +1,11 @@
 """FP8 linear layers under recipes that quantise along each GEMM's reduction dimension
-(fp8mix.recipe.RowwiseScaling; ``recipe.along_reduction()``).
+(fp8mix.recipe.RowwiseScaling, MXFP8BlockScaling; ``recipe.along_reduction()``).
 
 Every operand of every GEMM is cast with its scales running along that GEMM's reduction
 dimension K: A as (M, K), B as its transpose (N, K), so the scales factor out of the sums
-(per row: the C GEMM's OUTER scales). A tensor read by two GEMMs along different
-dimensions is cast twice:
+(per row: the C GEMM's OUTER scales; per 1x32 block: its MX scales). A tensor read by two
+GEMMs along different dimensions is cast twice (for MX the second cast reads x itself and
+writes the transposed quantisation, ops.quantize_mx(transpose=True)):
 
     forward  y[M,N]  = x[M,K] . W^T    x along K, W (N, K) along K
     dgrad    dx[M,K] = dy[M,N] . W     dy along N, W^T (K, N) along N
@@ -33,11 +34,21 @@ _IN, _W, _G = 0, 1, 2
 _XT, _GT, _WT = 3, 4, 5  # skip keys of the second casts
 
 
-def _kcast(t2: torch.Tensor, fmt: Format, recipe, gran: Granularity, sr: dict):
-    """Current-scaling cast of t2 (rows, K), scales along its last dimension: (q, scale_inv)."""
-    q, _, sinv, _ = ops.quantize_current(t2, fp8_dtype(fmt), granularity=gran, margin=recipe.margin,
-                                         power_2_scale=recipe.power_2_scale,
-                                         amax_epsilon=float(recipe.amax_epsilon), inf_to_nan=True, **sr)
+_MX_RULE = {"rceil": 0, "floor": 1}
+
+
+def _kcast(t2: torch.Tensor, fmt: Format, recipe, gran: Granularity, sr: dict, *, transposed: bool = False):
+    """Current-scaling cast of t2 (rows, K), or of its transpose when `transposed`, with the
+    scales along the last dimension of what is cast: (q, scale_inv)."""
+    eps = float(recipe.amax_epsilon)
+    if gran == Granularity.MX:
+        rule = _MX_RULE[recipe.scale_rule]
+        q, sinv, qt, st, _ = ops.quantize_mx(t2, fp8_dtype(fmt), rule=rule, margin=recipe.margin, amax_epsilon=eps,
+                                             want_q=not transposed, transpose=transposed, inf_to_nan=True, **sr)
+        return (qt, st) if transposed else (q, sinv)
+    src = t2.t() if transposed else t2
+    q, _, sinv, _ = ops.quantize_current(src, fp8_dtype(fmt), granularity=gran, margin=recipe.margin,
+                                         power_2_scale=recipe.power_2_scale, amax_epsilon=eps, inf_to_nan=True, **sr)
     return q, sinv
 
 
@@ -47,6 +58,8 @@ def _mm(a, sa, b_rows, sb, gran: Granularity, out_dtype, bias=None, b_gran=None)
     def kind(s, g, is_a: bool):
         if g == Granularity.TENSOR:
             return MmScale.TENSOR, s.reshape(())
+        if g == Granularity.MX:  # (rows, ceil(K/32)) on both sides
+            return MmScale.MX, s.reshape(-1, s.shape[-1])
         return MmScale.OUTER, (s.reshape(-1, 1) if is_a else s.reshape(1, -1))
 
     ka, sa = kind(sa, gran, True)
@@ -58,7 +71,8 @@ def _weight_casts(m, w_oi: torch.Tensor, plan: Plan, is_first_microbatch, want_d
     """(wq, w_sinv) for the forward and (wtq, wt_sinv) for dgrad (None when not wanted):
     W (N, K) along K and W^T (K, N) along N (per tensor under hp_wgrad, as torchao)."""
     recipe, fmt = plan.recipe, plan.fmts[_W]
-    key = ("axis", type(recipe), fmt, recipe.margin, recipe.power_2_scale, recipe.hp_wgrad(), tuple(w_oi.shape),
+    key = ("axis", type(recipe), fmt, recipe.margin, recipe.power_2_scale, recipe.hp_wgrad(),
+           getattr(recipe, "scale_rule", None), tuple(w_oi.shape),
            w_oi.dtype, recipe.rounding_of("weight"))
     if is_first_microbatch is False:
         cached = m._wcache[plan.gemm]
@@ -72,7 +86,7 @@ def _weight_casts(m, w_oi: torch.Tensor, plan: Plan, is_first_microbatch, want_d
     wt = None
     if want_dgrad or is_first_microbatch:
         dgran = Granularity.TENSOR if recipe.hp_wgrad() else gran
-        wt = _kcast(w_oi.t(), fmt, recipe, dgran, _sr(plan, _WT))
+        wt = _kcast(w_oi, fmt, recipe, dgran, _sr(plan, _WT), transposed=True)
     if is_first_microbatch:
         m._wcache[plan.gemm] = (key, (wq, w_sinv), wt)
     return (wq, w_sinv), wt
@@ -96,7 +110,8 @@ def axis_forward(m, x2: torch.Tensor, weight: torch.Tensor, bias, plan: Plan, is
                             is_first_microbatch is not False)
         x_save = None
         if want_dw:
-            x_save = xd if recipe.hp_wgrad() else _kcast(xd.t(), plan.fmts[_IN], recipe, gran, _sr(plan, _XT))
+            x_save = xd if recipe.hp_wgrad() else _kcast(xd, plan.fmts[_IN], recipe, gran, _sr(plan, _XT),
+                                                         transposed=True)
     wtq, wt_sinv = wt if (want_dx and wt is not None) else (None, None)
     xs_q, xs_sinv = (x_save, None) if (x_save is None or recipe.hp_wgrad()) else x_save
     return AxisLinearFunction.apply(x2, weight, bias, xq, x_sinv, wq, w_sinv, wtq, wt_sinv, xs_q, xs_sinv, plan.rng,
@@ -150,7 +165,7 @@ def _wgrad(dy2, xs_q, xs_sinv, plan: Plan, fmt: Format, gran: Granularity, w_dty
         dyf, xf = dy2.float(), xs_q.float()
         dw = xf.t() @ dyf if in_out else dyf.t() @ xf
         return dw.to(w_dtype)
-    gtq, gt_sinv = _kcast(dy2.t(), fmt, plan.recipe, gran, sr)  # dy^T (N, M) along M
+    gtq, gt_sinv = _kcast(dy2, fmt, plan.recipe, gran, sr, transposed=True)  # dy^T (N, M) along M
     if in_out:
         return _mm(xs_q, xs_sinv, gtq, gt_sinv, gran, w_dtype)
     return _mm(gtq, gt_sinv, xs_q, xs_sinv, gran, w_dtype)

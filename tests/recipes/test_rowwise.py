@@ -11,12 +11,11 @@ eager, state_dict, is_first_microbatch, convert_model(config=...), bad input.
 from __future__ import annotations
 
 import copy
-import math
 
 import pytest
 import torch
 import torch.nn as nn
-from torch.utils.checkpoint import checkpoint as torch_checkpoint
+from recipe_checks import check_checkpointing_bit_identical, check_compile_bit_identical, sqnr_db, sqnr_vs_float64
 
 import fp8mix
 from fp8mix import Format, fp8_autocast
@@ -28,11 +27,6 @@ E4 = torch.float8_e4m3fn
 @pytest.fixture(autouse=True)
 def _one_thread():
     torch.set_num_threads(1)
-
-
-def sqnr_db(ref: torch.Tensor, out: torch.Tensor) -> float:
-    ref, out = ref.double(), out.double()
-    return 10 * math.log10(ref.pow(2).sum().item() / max((ref - out).pow(2).sum().item(), 1e-300))
 
 
 RECIPES = {
@@ -57,23 +51,12 @@ def _pair(k=96, n=40, seed=0, conv=False):
     return lin, ref
 
 
-def _wgrad(lin, conv):
-    return lin.weight.grad.t() if conv else lin.weight.grad
-
-
 @pytest.mark.parametrize("name", list(RECIPES))
 @pytest.mark.parametrize("conv", [False, True], ids=["linear", "conv1d"])
 def test_matches_float64_within_linear_bounds(name, conv):
     lin, ref = _pair(conv=conv)
-    x = (torch.randn(24, 96) * torch.logspace(-2, 2, 24).unsqueeze(1)).requires_grad_()  # rows of very unlike scale
-    xr = x.detach().double().requires_grad_()
-    with fp8_autocast(fp8_recipe=RECIPES[name]()):
-        y = lin(x)
-    dy = torch.randn_like(y)
-    y.backward(dy)
-    yr = ref(xr)
-    yr.backward(dy.double())
-    fwd, dgrad, wgrad = sqnr_db(yr, y), sqnr_db(xr.grad, x.grad), sqnr_db(ref.weight.grad, _wgrad(lin, conv))
+    x = torch.randn(24, 96) * torch.logspace(-2, 2, 24).unsqueeze(1)  # rows of very unlike scale
+    fwd, dgrad, wgrad = sqnr_vs_float64(lin, ref, x, RECIPES[name](), conv=conv)
     assert fwd >= 25, f"forward SQNR {fwd:.1f} dB"
     assert dgrad >= 18, f"dgrad SQNR {dgrad:.1f} dB"
     assert wgrad >= (60 if name == "gw_hp" else 18), f"wgrad SQNR {wgrad:.1f} dB"
@@ -286,71 +269,13 @@ def test_is_first_microbatch_reuses_the_weight_casts():
         fresh(x, is_first_microbatch=False)
 
 
-class _Net(nn.Module):
-    def __init__(self, d=64, mode=None):
-        super().__init__()
-        self.fc1, self.fc2, self.head = fp8mix.Linear(d, 2 * d), fp8mix.Linear(2 * d, d), fp8mix.Linear(d, 16)
-        self.mode = mode
-
-    def _block(self, x):
-        return x + self.fc2(torch.nn.functional.gelu(self.fc1(x)))
-
-    def forward(self, x):
-        if self.mode is None:
-            x = self._block(x)
-        else:
-            x = torch_checkpoint(self._block, x, use_reentrant=self.mode == "reentrant")
-        return self.head(x)
-
-
-def _train(model, recipe, steps=3):
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    g = torch.Generator().manual_seed(7)
-    out = []
-    for i in range(steps):
-        x = (torch.randn(24, 64, generator=g) * (1 + i)).requires_grad_()
-        with fp8_autocast(fp8_recipe=recipe):
-            loss = model(x).square().mean()
-        loss.backward()
-        out.append((loss.detach(), x.grad.clone(), [p.grad.clone() for p in model.parameters()]))
-        opt.step()
-        opt.zero_grad()
-    return out
-
-
 @pytest.mark.parametrize("recipe", [RowwiseScaling(), from_recipe_name("rowwise_with_gw_hp"),
                                     RowwiseScaling(rounding="stochastic")], ids=["rowwise", "gw_hp", "sr"])
 @pytest.mark.parametrize("mode", ["non_reentrant", "reentrant"])
 def test_checkpointed_steps_equal_plain_steps(recipe, mode):
-    torch.manual_seed(1)
-    plain = _Net()
-    ckpt = copy.deepcopy(plain)
-    ckpt.mode = mode
-    for i, (a, b) in enumerate(zip(_train(plain, recipe), _train(ckpt, recipe))):
-        assert torch.equal(a[0], b[0]), f"step {i}: loss"
-        assert torch.equal(a[1], b[1]), f"step {i}: input gradient"
-        for k, (ga, gb) in enumerate(zip(a[2], b[2])):
-            assert torch.equal(ga, gb), f"step {i}: gradient of parameter {k}"
+    check_checkpointing_bit_identical(recipe, mode)
 
 
 @pytest.mark.parametrize("recipe", [RowwiseScaling(), from_recipe_name("rowwise_with_gw_hp")], ids=["rowwise", "gw_hp"])
 def test_compile_aot_eager_equals_eager(recipe):
-    torch._dynamo.reset()
-    torch.manual_seed(2)
-    eager = _Net()
-    model = copy.deepcopy(eager)
-    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
-    for step in range(2):
-        x = torch.randn(16, 64) * (1 + step)
-        xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
-        with fp8_autocast(fp8_recipe=recipe):
-            yc = compiled(xc)
-            ye = eager(xe)
-        g = torch.randn_like(ye)
-        yc.backward(g)
-        ye.backward(g)
-        assert torch.equal(yc, ye), f"step {step}: output"
-        assert torch.equal(xc.grad, xe.grad), f"step {step}: input gradient"
-        for (n, pc), pe in zip(model.named_parameters(), eager.parameters()):
-            assert torch.equal(pc.grad, pe.grad), f"step {step}: gradient of {n}"
-            pc.grad = pe.grad = None
+    check_compile_bit_identical(recipe)
