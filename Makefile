@@ -5,7 +5,7 @@
 #   make core     build the static C core library (used by setup.py too)
 #   make test-c   build and run the standalone C tests
 #   make SAN=1 test-c   the same under AddressSanitizer + UBSan
-#   make cuda-check     compile every .cu file with nvcc (no GPU needed)
+#   make cuda-check     compile every .cu file with nvcc (no GPU needed; the MX file also for sm_100)
 #   make cuda-ops-check type-check the CUDA half of csrc/torch_ops.cpp against torch's headers
 #   make fuzz FUZZ_SECONDS=60   libFuzzer targets (clang) over the C API
 #   make valgrind       the C tests under valgrind memcheck
@@ -124,7 +124,8 @@ cuda-check:
 	for f in $(CU_SRC); do \
 	  if grep -q '<cublasLt.h>' $$f && [ ! -f "$$inc/cublasLt.h" ]; then \
 	    echo "SKIP $$f: cublasLt.h not found (set CUBLAS_INCLUDE=<dir>)"; continue; fi; \
-	  for a in 89 90; do echo "nvcc -arch=sm_$$a $$f"; \
+	  archs="89 90"; case $$f in */mx.cu) archs="$$archs 100";; esac; \
+	  for a in $$archs; do echo "nvcc -arch=sm_$$a $$f"; \
 	    $(NVCC) -std=c++17 -arch=sm_$$a -Icsrc/include -I"$$inc" -c $$f -o /dev/null; done; done
 
 # The CUDA half of the one C++ op file (#ifdef FP8MIX_WITH_CUDA), type-checked against

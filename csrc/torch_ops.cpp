@@ -80,6 +80,15 @@ fp8mix_granularity granularity(int64_t g, const char *op)
     return (fp8mix_granularity)g;
 }
 
+// The CPU kernels also take MX blocks (4: 1x32, E8M0 scales; csrc/core/mx.c).
+fp8mix_granularity granularity_cpu(int64_t g, const char *op)
+{
+    if (g == FP8MIX_GRAN_MX) return FP8MIX_GRAN_MX;
+    TORCH_CHECK_VALUE(g >= 0 && g <= 3, "fp8mix.", op, ": granularity must be 0 (tensor), 1 (row), ",
+                      "2 (1x128 block), 3 (128x128 block) or 4 (MX 1x32 block), got ", g);
+    return (fp8mix_granularity)g;
+}
+
 // Every tensor of one call on the data's device (else the dispatcher would have
 // picked one kernel for all of them).
 void check_on(const at::Tensor &t, const at::Device &dev, const char *op, const char *name)
@@ -133,6 +142,7 @@ std::vector<int64_t> scale_shape(const at::Tensor &x, fp8mix_granularity g, int6
     case FP8MIX_GRAN_TENSOR: return {};
     case FP8MIX_GRAN_ROW: lead.push_back(1); return lead;
     case FP8MIX_GRAN_BLOCK: lead.push_back((cols + 127) / 128); return lead;
+    case FP8MIX_GRAN_MX: lead.push_back((cols + 31) / 32); return lead;
     default: return {(rows + 127) / 128, (cols + 127) / 128};
     }
 }
@@ -200,7 +210,7 @@ CastPrep prepare_cast(const char *op, const at::Tensor &x, at::ScalarType fp8_dt
     CastPrep c;
     c.xt = hp_dtype(x, op, "x");
     fp8mix_format fmt = fp8_format(fp8_dtype, op);
-    c.g = granularity(gran, op);
+    c.g = x.is_cpu() ? granularity_cpu(gran, op) : granularity(gran, op);
     TORCH_CHECK_VALUE(want_q || transpose, "fp8mix.", op, ": nothing to produce (want_q and transpose both false)");
     c.v = view2d(x);
     c.q = at::empty(want_q ? x.sizes() : at::IntArrayRef{0}, x.options().dtype(fp8_dtype));
@@ -263,7 +273,7 @@ at::Tensor amax_cpu(const at::Tensor &x, int64_t gran)
     const char *op = "amax";
     check_on(x, kCPU, op, "x");
     fp8mix_dtype xt = hp_dtype(x, op, "x");
-    fp8mix_granularity g = granularity(gran, op);
+    fp8mix_granularity g = granularity_cpu(gran, op);
     View2D v = view2d(x);
     at::Tensor out = at::zeros(scale_shape(x, g, v.rows, v.cols), x.options().dtype(at::kFloat));
     sync_threads();
@@ -296,7 +306,7 @@ at::Tensor quant_stats_cpu(const at::Tensor &x, const at::Tensor &q, const at::T
     check_on(q, kCPU, op, "q");
     fp8mix_dtype xt = hp_dtype(x, op, "x");
     fp8mix_format fmt = fp8_format(q.scalar_type(), op);
-    fp8mix_granularity g = granularity(gran, op);
+    fp8mix_granularity g = granularity_cpu(gran, op);
     TORCH_CHECK_VALUE(x.sizes() == q.sizes(), "fp8mix.", op, ": x has shape ", x.sizes(), " but q has shape ",
                       q.sizes());
     View2D vx = view2d(x), vq = view2d(q);
@@ -316,7 +326,7 @@ at::Tensor dequantize_cpu(const at::Tensor &q, const at::Tensor &scale_inv, int6
     check_on(q, kCPU, op, "q");
     fp8mix_format fmt = fp8_format(q.scalar_type(), op);
     fp8mix_dtype ot = hp_dtype(out_dtype, op);
-    fp8mix_granularity g = granularity(gran, op);
+    fp8mix_granularity g = granularity_cpu(gran, op);
     View2D v = view2d(q);
     at::Tensor s = scale_arg(scale_inv, scale_count(g, v.rows, v.cols), kCPU, op, "scale_inv");
     at::Tensor out = at::empty(q.sizes(), q.options().dtype(out_dtype));
@@ -325,6 +335,34 @@ at::Tensor dequantize_cpu(const at::Tensor &q, const at::Tensor &scale_inv, int6
                                    s.data_ptr<float>(), out.data_ptr(), ot, ld_of(v.cols)),
                  op, "scale_inv must be finite and > 0");
     return out;
+}
+
+// MX quantisation (fp8mix_quantize_mx): rule 0 rceil, 1 floor; with transpose, the second
+// quantisation of x's transpose (its own 1x32 blocks and scales).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+quantize_mx_cpu(const at::Tensor &x, at::ScalarType fp8_dtype, int64_t rule, int64_t margin, double eps,
+                bool saturate, bool stochastic, int64_t seed, int64_t offset, bool want_q, bool transpose,
+                bool inf_to_nan, const c10::optional<at::Tensor> &rng, int64_t rng_skip)
+{
+    const char *op = "quantize_mx";
+    check_on(x, kCPU, op, "x");
+    check_margin_eps(op, margin, eps);
+    TORCH_CHECK_VALUE(rule == 0 || rule == 1, "fp8mix.", op, ": rule must be 0 (rceil) or 1 (floor), got ", rule);
+    CastPrep c = prepare_cast(op, x, fp8_dtype, FP8MIX_GRAN_MX, saturate, stochastic, seed, offset, want_q,
+                              transpose, inf_to_nan);
+    apply_rng(c.o, rng, rng_skip, op);
+    const View2D &v = c.v;
+    auto opts = x.options().dtype(at::kFloat);
+    at::Tensor sinv = want_q ? at::ones(scale_shape(x, FP8MIX_GRAN_MX, v.rows, v.cols), opts) : at::empty({0}, opts);
+    at::Tensor amax = want_q ? at::zeros(scale_shape(x, FP8MIX_GRAN_MX, v.rows, v.cols), opts) : at::empty({0}, opts);
+    at::Tensor sinv_t = transpose ? at::ones({v.cols, (v.rows + 31) / 32}, opts) : at::empty({0}, opts);
+    sync_threads();
+    check_status(fp8mix_quantize_mx(v.t.data_ptr(), c.xt, v.rows, v.cols, v.ld, (fp8mix_mx_rule)rule, (int)margin,
+                                    (float)eps, c.q_ptr(), ld_of(v.cols), want_q ? sinv.data_ptr<float>() : nullptr,
+                                    c.qt_ptr(), ld_of(v.rows), transpose ? sinv_t.data_ptr<float>() : nullptr,
+                                    want_q ? amax.data_ptr<float>() : nullptr, &c.o),
+                 op);
+    return {c.q, sinv, c.qt, sinv_t, amax};
 }
 
 // ---- CPU: the per-tensor recipes' state and casts (csrc/core/recipe.c) -------------
@@ -528,8 +566,15 @@ fp8mix_mm_scale mm_scale_kind(const at::Tensor &s, int64_t kind, int64_t outer, 
     const bool tensor = s.numel() == 1 && s.dim() <= 2;
     const bool outer_ok = s.dim() == 2 && (is_a ? (s.size(0) == want_outer && s.size(1) == 1)
                                                 : (s.size(0) == 1 && s.size(1) == want_outer));
+    if (kind == FP8MIX_MM_SCALE_MX) { // (outer, ceil(K/32)) on either side: the caller checks K blocks
+        TORCH_CHECK_VALUE(dev.is_cpu(), "fp8mix.scaled_mm: MX scales (scale_kind 3) run on the CPU only in this build");
+        TORCH_CHECK_VALUE(s.dim() == 2 && s.size(0) == outer, "fp8mix.scaled_mm: ", name, " has shape ", s.sizes(),
+                          ", which is not the layout of MX scales (", outer, ", ceil(K/32))");
+        return FP8MIX_MM_SCALE_MX;
+    }
     if (kind >= 0) {
-        TORCH_CHECK_VALUE(kind <= 2, "fp8mix.scaled_mm: scale_kind must be 0 (tensor), 1 (row/column) or 2 (block)");
+        TORCH_CHECK_VALUE(kind <= 2, "fp8mix.scaled_mm: scale_kind must be 0 (tensor), 1 (row/column), 2 (block) "
+                          "or 3 (MX)");
         const bool ok = kind == FP8MIX_MM_SCALE_TENSOR ? tensor : kind == FP8MIX_MM_SCALE_OUTER ? outer_ok : block_mode;
         TORCH_CHECK_VALUE(ok, "fp8mix.scaled_mm: ", name, " has shape ", s.sizes(), ", which is not the layout of ",
                           kind == 0 ? "a per-tensor scale" : kind == 1 ? "per-row/column scales" : "block scales");
@@ -581,6 +626,12 @@ at::Tensor scaled_mm_cpu(const at::Tensor &a, const at::Tensor &b, const at::Ten
     const bool block_mode = is_block_mode(scale_a, scale_b, M, kb, nb, scale_kind_a);
     fp8mix_mm_scale ka = mm_scale_kind(scale_a, scale_kind_a, M, kb, mb, true, block_mode, kCPU);
     fp8mix_mm_scale kb_ = mm_scale_kind(scale_b, scale_kind_b, N, kb, nb, false, block_mode, kCPU);
+    if (ka == FP8MIX_MM_SCALE_MX || kb_ == FP8MIX_MM_SCALE_MX) {
+        const int64_t k32 = (K + 31) / 32;
+        TORCH_CHECK_VALUE(ka == kb_ && scale_a.size(1) == k32 && scale_b.size(1) == k32, "fp8mix.scaled_mm: MX "
+                          "scales need both operands MX with ceil(K/32) = ", k32, " blocks, got scale_a ",
+                          scale_a.sizes(), " and scale_b ", scale_b.sizes());
+    }
     at::Tensor sa = scale_a.contiguous(), sb = scale_b.contiguous();
     at::Tensor bias_t;
     fp8mix_dtype bt = FP8MIX_F32;
@@ -1438,6 +1489,10 @@ TORCH_LIBRARY(fp8mix, m)
           "bool power_2_scale=False, float amax_epsilon=0.0, bool saturate=True, bool stochastic=False, "
           "int seed=0, int offset=0, bool want_q=True, bool transpose=False, bool inf_to_nan=False, "
           "Tensor? rng=None, int rng_skip=0) -> (Tensor q, Tensor qt, Tensor scale_inv, Tensor amax)");
+    m.def("quantize_mx(Tensor x, ScalarType fp8_dtype, int rule=0, int margin=0, float amax_epsilon=0.0, "
+          "bool saturate=True, bool stochastic=False, int seed=0, int offset=0, bool want_q=True, "
+          "bool transpose=False, bool inf_to_nan=False, Tensor? rng=None, int rng_skip=0) "
+          "-> (Tensor q, Tensor scale_inv, Tensor qt, Tensor scale_inv_t, Tensor amax)");
     m.def("amax(Tensor x, int granularity=0) -> Tensor");
     m.def("compute_scale(Tensor amax, ScalarType fp8_dtype, int margin=0, bool power_2_scale=False, "
           "float amax_epsilon=0.0) -> (Tensor scale, Tensor scale_inv)");
@@ -1497,6 +1552,7 @@ TORCH_LIBRARY_IMPL(fp8mix, CPU, m)
 {
     m.impl("cast", &cast_cpu);
     m.impl("quantize_current", &quantize_current_cpu);
+    m.impl("quantize_mx", &quantize_mx_cpu);
     m.impl("amax", &amax_cpu);
     m.impl("compute_scale", &compute_scale_cpu);
     m.impl("dequantize", &dequantize_cpu);

@@ -103,8 +103,8 @@ class fp8_autocast(contextlib.ContextDecorator):
         if fp8_recipe is None:
             fp8_recipe = DelayedScaling()
         if not isinstance(fp8_recipe, RECIPES):
-            raise TypeError("fp8_autocast: fp8_recipe must be a DelayedScaling, CurrentScaling or BlockScaling, "
-                            f"got {type(fp8_recipe).__name__}")
+            raise TypeError("fp8_autocast: fp8_recipe must be a DelayedScaling, CurrentScaling, BlockScaling, "
+                            f"RowwiseScaling or MXFP8BlockScaling, got {type(fp8_recipe).__name__}")
         if monitor is not None and not (callable(getattr(monitor, "record", None)) and hasattr(monitor, "sampling")):
             raise TypeError(f"fp8_autocast: monitor must be an fp8mix.Monitor, got {type(monitor).__name__}")
         self.frame = FP8Frame(enabled, fp8_recipe, fp8_group, monitor, calibrating)

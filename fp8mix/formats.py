@@ -12,7 +12,8 @@ import enum
 
 import torch
 
-__all__ = ["Format", "Granularity", "fp8_dtype", "fp8_max", "format_of_dtype", "GRANULARITIES"]
+__all__ = ["Format", "Granularity", "fp8_dtype", "fp8_max", "format_of_dtype", "GRANULARITIES", "MX_BLOCK",
+           "MX_RULES"]
 
 
 class Format(enum.Enum):
@@ -32,16 +33,18 @@ _MAX = {Format.E4M3: 448.0, Format.E5M2: 57344.0}
 
 class Granularity(enum.IntEnum):
     """Where a scale applies (the C API's fp8mix_granularity): one per tensor, per row,
-    per 1x128 tile along a row, or per 128x128 block."""
+    per 1x128 tile along a row, per 128x128 block, or per 1x32 MX block along a row
+    (OCP Microscaling: power-of-two scales, E8M0 exponents)."""
 
     TENSOR = 0
     ROW = 1
     BLOCK = 2
     BLOCK2D = 3
+    MX = 4
 
     @property
     def label(self) -> str:
-        """The user-facing name ("tensor", "row", "block", "block2d")."""
+        """The user-facing name ("tensor", "row", "block", "block2d", "mx")."""
         return self.name.lower()
 
     @classmethod
@@ -55,7 +58,9 @@ class Granularity(enum.IntEnum):
 
 
 # name -> code of the C API's fp8mix_granularity
-GRANULARITIES = {"tensor": 0, "row": 1, "block": 2, "block2d": 3}
+GRANULARITIES = {"tensor": 0, "row": 1, "block": 2, "block2d": 3, "mx": 4}
+MX_BLOCK = 32  # elements per MX block (OCP Microscaling v1.0)
+MX_RULES = {"rceil": 0, "floor": 1}  # fp8mix_mx_rule: NVIDIA's round-up rule, OCP v1.0's floor rule
 
 
 def _single(fmt) -> Format:

@@ -25,7 +25,17 @@ def _operand_scale(t: Float8Tensor, is_a: bool) -> torch.Tensor:
     if not is_a and t.granularity == "block2d":
         return s
     raise ValueError(f"fp8mix.scaled_mm: a {'left' if is_a else 'right'} operand with {t.granularity!r} "
-                     "scaling has no GEMM scale layout (a: tensor/row/block; b: tensor/block2d)")
+                     "scaling has no GEMM scale layout (a: tensor/row/block/mx; b: tensor/block2d/mx)")
+
+
+def _mx_operands(a: Float8Tensor, b: Float8Tensor):
+    """MX Float8Tensors as the op's arguments: b is the (N, K) tensor quantised along K."""
+    if a.granularity != "mx" or b.granularity != "mx":
+        raise ValueError("fp8mix.scaled_mm: MX scaling needs both operands quantised with granularity='mx'")
+    if a.data.dim() != 2 or b.data.dim() != 2 or a.data.shape[1] != b.data.shape[1]:
+        raise ValueError("fp8mix.scaled_mm: MX operands are a (M, K) and b (N, K), both quantised along K; got "
+                         f"{tuple(a.data.shape)} and {tuple(b.data.shape)}")
+    return a.data, b.data.t(), a.scale_inv, b.scale_inv
 
 
 def scaled_mm(a, b, scale_a=None, scale_b=None, *, bias=None, out_dtype=torch.float32,
@@ -35,7 +45,9 @@ def scaled_mm(a, b, scale_a=None, scale_b=None, *, bias=None, out_dtype=torch.fl
     Args:
         a: FP8 (M, K) tensor (float8_e4m3fn or float8_e5m2), or a :class:`Float8Tensor`.
         b: FP8 (K, N) tensor, column-major (``w.t()`` of a row-major (N, K) weight, as torch
-            requires) or row-major; or a :class:`Float8Tensor` (then omit the scales).
+            requires) or row-major; or a :class:`Float8Tensor` (then omit the scales). With
+            MX scaling (``granularity="mx"``, CPU) both are Float8Tensors quantised along K:
+            ``a`` (M, K) and ``b`` the (N, K) weight itself, and the result is ``a @ b^T``.
         scale_a: float32 dequantisation factors of `a`: one value, (M, 1) per row, or
             (M, ceil(K/128)) per 1x128 tile (DeepSeek-V3 blocks; then `scale_b` must be blocks too).
         scale_b: one value, (1, N) per column, or (ceil(K/128), ceil(N/128)) per 128x128 block.
@@ -52,6 +64,15 @@ def scaled_mm(a, b, scale_a=None, scale_b=None, *, bias=None, out_dtype=torch.fl
             raise TypeError("fp8mix.scaled_mm: pass two Float8Tensors, or two FP8 tensors and their scales")
         if scale_a is not None or scale_b is not None:
             raise ValueError("fp8mix.scaled_mm: Float8Tensor operands carry their own scales")
+        if "mx" in (a.granularity, b.granularity):
+            a, b, scale_a, scale_b = _mx_operands(a, b)
+            same_device("scaled_mm", a, b=b, bias=bias)
+            if out_dtype not in _OUT:
+                raise TypeError(f"fp8mix.scaled_mm: out_dtype must be float32, bfloat16 or float16, got {out_dtype}")
+            if accumulate != "fp32":
+                raise ValueError("fp8mix.scaled_mm: MX scaling accumulates in float32 only (accumulate='fp32')")
+            return ops.scaled_mm(a, b, scale_a, scale_b, bias=bias, out_dtype=out_dtype,
+                                 scale_kinds=(ops.MmScale.MX, ops.MmScale.MX))
         scale_a, scale_b = _operand_scale(a, True), _operand_scale(b, False)
         a, b = a.data, b.data
     for name, t in (("a", a), ("b", b), ("scale_a", scale_a), ("scale_b", scale_b)):

@@ -19,7 +19,7 @@ from .formats import Granularity
 
 _ops = torch.ops.fp8mix
 
-__all__ = ["cast", "quantize_current", "amax", "compute_scale", "dequantize", "scaled_mm", "quant_stats",
+__all__ = ["cast", "quantize_current", "quantize_mx", "amax", "compute_scale", "dequantize", "scaled_mm", "quant_stats",
            "delayed_cast", "delayed_record", "delayed_rescale", "delayed_flush", "grad_cast", "DelayedSpec",
            "MmScale", "cpu_isa", "set_max_isa", "scale_shape", "has_kernels", "NormKind", "Act", "norm_cast",
            "norm_delayed_cast", "act_cast", "act_delayed_cast"]
@@ -31,6 +31,7 @@ class MmScale(enum.IntEnum):
     TENSOR = 0  # one value
     OUTER = 1   # one per row of a / column of b
     BLOCK = 2   # a: 1x128 tiles (M, ceil(K/128)); b: 128x128 blocks (ceil(K/128), ceil(N/128))
+    MX = 3      # a: (M, ceil(K/32)) MX blocks; b: (N, ceil(K/32)), [n][k-block] (CPU)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +63,8 @@ def scale_shape(x: torch.Tensor, g: int) -> list:
         return lead + [1]
     if g == Granularity.BLOCK:
         return lead + [(cols + 127) // 128]
+    if g == Granularity.MX:
+        return lead + [(cols + 31) // 32]
     return [(rows + 127) // 128, (cols + 127) // 128]
 
 
@@ -108,6 +111,17 @@ def quantize_current(x: torch.Tensor, fp8_dtype: torch.dtype, *, granularity=Gra
     _first_cuda_use(x)
     return _ops.quantize_current(x, fp8_dtype, int(granularity), margin, power_2_scale, amax_epsilon, saturate,
                                  stochastic, seed, offset, want_q, transpose, inf_to_nan, rng, rng_skip)
+
+
+def quantize_mx(x: torch.Tensor, fp8_dtype: torch.dtype, *, rule: int = 0, margin: int = 0,
+                amax_epsilon: float = 0.0, saturate: bool = True, stochastic: bool = False, seed: int = 0,
+                offset: int = 0, want_q: bool = True, transpose: bool = False, inf_to_nan: bool = False,
+                rng: Optional[torch.Tensor] = None, rng_skip: int = 0):
+    """MX (1x32 blocks, power-of-two scales) current quantisation: (q, scale_inv, qt,
+    scale_inv_t, amax); rule 0 rceil, 1 floor (fp8mix.formats.MX_RULES). With `transpose`,
+    qt is the second quantisation of x's 2-D transpose (its blocks along x's columns)."""
+    return _ops.quantize_mx(x, fp8_dtype, rule, margin, amax_epsilon, saturate, stochastic, seed, offset, want_q,
+                            transpose, inf_to_nan, rng, rng_skip)
 
 
 def amax(x: torch.Tensor, *, granularity=Granularity.TENSOR) -> torch.Tensor:
@@ -319,6 +333,18 @@ def _quantize_current_fake(x, fp8_dtype, granularity, margin=0, power_2_scale=Fa
     qt = x.new_empty((cols, rows) if transpose else (0,), dtype=fp8_dtype)
     s = scale_shape(x, granularity)
     return q, qt, x.new_empty(s, dtype=torch.float32), x.new_empty(s, dtype=torch.float32)
+
+
+@torch.library.register_fake("fp8mix::quantize_mx")
+def _quantize_mx_fake(x, fp8_dtype, rule=0, margin=0, amax_epsilon=0.0, saturate=True, stochastic=False, seed=0,
+                      offset=0, want_q=True, transpose=False, inf_to_nan=False, rng=None, rng_skip=0):
+    rows, cols = _rows_cols(x)
+    f32 = torch.float32
+    q = x.new_empty(x.shape if want_q else (0,), dtype=fp8_dtype)
+    s = x.new_empty(scale_shape(x, Granularity.MX) if want_q else (0,), dtype=f32)
+    qt = x.new_empty((cols, rows) if transpose else (0,), dtype=fp8_dtype)
+    st = x.new_empty((cols, (rows + 31) // 32) if transpose else (0,), dtype=f32)
+    return q, s, qt, st, x.new_empty(s.shape, dtype=f32)
 
 
 @torch.library.register_fake("fp8mix::amax")

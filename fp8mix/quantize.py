@@ -14,7 +14,7 @@ import math
 import torch
 
 from . import ops
-from .formats import GRANULARITIES, Format, _single, fp8_dtype
+from .formats import GRANULARITIES, MX_RULES, Format, _single, fp8_dtype
 from .tensor import Float8Tensor
 
 __all__ = ["quantize", "amax", "cast_transpose", "dequantize"]
@@ -79,7 +79,7 @@ def _inverse(scale: torch.Tensor, x: torch.Tensor, g: int) -> torch.Tensor:
 def quantize(x: torch.Tensor, fmt=Format.E4M3, scale=None, *, granularity: str = "tensor",
              rounding: str = "nearest", saturate: bool = True, seed: int | None = None,
              offset: int = 0, margin: int = 0, power_2_scale: bool = False,
-             amax_epsilon: float = 0.0) -> Float8Tensor:
+             amax_epsilon: float = 0.0, mx_rule: str = "rceil") -> Float8Tensor:
     """Cast `x` (float32/bfloat16/float16) to FP8.
 
     Args:
@@ -90,8 +90,14 @@ def quantize(x: torch.Tensor, fmt=Format.E4M3, scale=None, *, granularity: str =
             float32 tensor with one value per tile of `granularity` is used as given
             (each must be finite and > 0).
         granularity: ``"tensor"``, ``"row"`` (one scale per row of the last dim),
-            ``"block"`` (1x128 tiles along the last dim) or ``"block2d"`` (128x128
-            blocks of the 2-D view ``(numel/last_dim, last_dim)``).
+            ``"block"`` (1x128 tiles along the last dim), ``"block2d"`` (128x128
+            blocks of the 2-D view ``(numel/last_dim, last_dim)``) or ``"mx"`` (OCP MX:
+            1x32 blocks along the last dim, each scaled by a power of two 2^e, e in
+            [-127, 127], E8M0's range; CPU; ``scale_inv`` holds 2^e as float32, shape
+            ``(*lead, ceil(last_dim/32))``; power_2_scale is implied).
+        mx_rule: the MX exponent: ``"rceil"`` (default; NVIDIA's: the smallest 2^e with
+            amax / 2^e <= fp8_max) or ``"floor"`` (OCP v1.0: floor(log2(amax)) - emax of
+            the element format, which lets the block maximum saturate); then + margin.
         rounding: ``"nearest"`` (ties to even) or ``"stochastic"`` (unbiased; random
             words from Philox4x32-10 keyed by `seed`, indexed by element + `offset`).
         saturate: clamp overflow and +-inf to +-max (default) instead of OCP's NaN/inf.
@@ -110,6 +116,9 @@ def quantize(x: torch.Tensor, fmt=Format.E4M3, scale=None, *, granularity: str =
     s = _seed(seed) if sr else 0
     if not isinstance(offset, int) or offset < 0:
         raise ValueError(f"fp8mix.quantize: offset must be a non-negative int, got {offset!r}")
+    if granularity == "mx":
+        return _quantize_mx(x, f, scale, mx_rule, margin=margin, amax_epsilon=amax_epsilon, saturate=saturate,
+                            stochastic=sr, seed=s, offset=offset)
     if scale is None:
         q, _, sinv, am = ops.quantize_current(x, fp8_dtype(f), granularity=g, margin=margin,
                                               power_2_scale=power_2_scale, amax_epsilon=amax_epsilon,
@@ -118,6 +127,20 @@ def quantize(x: torch.Tensor, fmt=Format.E4M3, scale=None, *, granularity: str =
     st = _scale_tensor(scale, x, g, "quantize")
     q, _, am = ops.cast(x, st, fp8_dtype(f), granularity=g, saturate=saturate, stochastic=sr, seed=s, offset=offset)
     return Float8Tensor(q, _inverse(st, x, g), am, granularity)
+
+
+def _quantize_mx(x: torch.Tensor, f: Format, scale, mx_rule: str, **kw) -> Float8Tensor:
+    """quantize(granularity="mx"): current MX scales only (a given scale has no MX meaning)."""
+    if scale is not None:
+        raise ValueError("fp8mix.quantize: granularity='mx' computes its power-of-two block scales itself; "
+                         "pass scale=None")
+    if mx_rule not in MX_RULES:
+        raise ValueError(f"fp8mix.quantize: mx_rule must be one of {list(MX_RULES)}, got {mx_rule!r}")
+    if x.device.type != "cpu":
+        raise NotImplementedError(f"fp8mix.quantize: granularity='mx' runs on the CPU only in this build, "
+                                  f"got {x.device}")
+    q, sinv, _, _, am = ops.quantize_mx(x, fp8_dtype(f), rule=MX_RULES[mx_rule], **kw)
+    return Float8Tensor(q, sinv, am, "mx")
 
 
 def cast_transpose(x: torch.Tensor, fmt=Format.E4M3, scale=None, *, granularity: str = "tensor",

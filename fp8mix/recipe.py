@@ -5,6 +5,11 @@
 - :class:`CurrentScaling`: the tensor's own amax right before the cast (one extra read).
 - :class:`BlockScaling`: DeepSeek-V3 style 1x128 tiles for activations and gradients,
   128x128 blocks for weights, each with its own current scale.
+- :class:`RowwiseScaling`: torchao's ``rowwise`` / ``rowwise_with_gw_hp``: current scales
+  per row of each GEMM operand along that GEMM's reduction dimension.
+- :class:`MXFP8BlockScaling`: OCP MX (Blackwell's MXFP8): 1x32 blocks along each GEMM's
+  reduction dimension, one power-of-two (E8M0) scale per block.
+  :func:`from_recipe_name` gives torchao's three recipe names.
 
 Tensor roles of a linear layer: ``"input"`` and ``"weight"`` (forward, E4M3 under
 HYBRID) and ``"grad_output"`` (backward, E5M2 under HYBRID).
@@ -35,8 +40,10 @@ from typing import Callable, Optional, Union
 from .auto_format import AutoFormat
 from .formats import Format, Granularity
 
-__all__ = ["DelayedScaling", "CurrentScaling", "BlockScaling", "Float8CurrentScaling", "Float8BlockScaling",
-           "ROLES", "role_format", "RECIPES"]
+__all__ = ["DelayedScaling", "CurrentScaling", "BlockScaling", "RowwiseScaling", "MXFP8BlockScaling",
+           "Float8CurrentScaling",
+           "Float8BlockScaling", "ROLES", "role_format", "RECIPES", "from_recipe_name", "TORCHAO_RECIPE_NAMES",
+           "from_config"]
 
 ROLES = ("input", "weight", "grad_output")
 MAX_HISTORY = 2 ** 20  # amaxes per role; the history is rolled on every record, so longer is only slower
@@ -132,6 +139,15 @@ class _Recipe:
 
     def delayed(self) -> bool:
         """Whether scales come from an amax history (DelayedScaling)."""
+        return False
+
+    def along_reduction(self) -> bool:
+        """Whether every GEMM quantises both operands along its own reduction dimension
+        (RowwiseScaling): x, W and dy are then cast once per GEMM that reads them."""
+        return False
+
+    def hp_wgrad(self) -> bool:
+        """Whether the weight-gradient GEMM runs in high precision (rowwise_with_gw_hp)."""
         return False
 
     def granularity(self, role: str) -> Granularity:
@@ -283,7 +299,123 @@ class BlockScaling(_JustInTime):
     __hash__ = _Recipe.__hash__
 
 
-RECIPES = (DelayedScaling, CurrentScaling, BlockScaling)
+@dataclasses.dataclass(frozen=True, eq=True)
+class RowwiseScaling(_JustInTime):
+    """torchao's rowwise recipes: current scaling with one scale per row of each GEMM
+    operand, taken along that GEMM's reduction dimension (torchao's "axiswise"):
+
+        forward  y  = x . W^T   x per row (amax over K), W per row (over K)
+        dgrad    dx = dy . W    dy per row (over N), W per column (over N)
+        wgrad    dW = dy^T . x  dy per column, x per column (over the M tokens)
+
+    so x, W and dy are each cast twice (once per GEMM that reads them; the second copy of
+    x is kept for backward at 1 byte per element). ``gw_hp=True`` is torchao's
+    ``rowwise_with_gw_hp``: the weight gradient is computed in high precision from the
+    saved input and dy, and dgrad reads a per-tensor FP8 weight. Scales are local to
+    their rows: nothing is all-reduced across ranks (``reduce_amax`` has no effect).
+    torchao's own settings are :func:`from_recipe_name` ("rowwise": E4M3 for every role
+    and power-of-two scales).
+    """
+
+    fp8_format: Format = Format.HYBRID
+    gw_hp: bool = False
+    power_2_scale: bool = True  # torchao's round_scales_to_power_of_2 for its rowwise recipes
+    amax_epsilon: float = 0.0
+    margin: int = 0
+    rounding: Union[str, dict, types.MappingProxyType] = "nearest"
+    auto: AutoFormat = dataclasses.field(default_factory=AutoFormat)
+    use_power_2_scales: Optional[bool] = None  # Transformer Engine's spelling of power_2_scale
+    reduce_amax: bool = True  # accepted for uniformity; per-row scales are never all-reduced
+    fp8_dpa: bool = False  # Transformer Engine's FP8 attention: not supported (True raises)
+    fp8_mha: bool = False
+
+    def __post_init__(self):
+        _check_bool("RowwiseScaling.gw_hp", self.gw_hp)
+        super().__post_init__()
+
+    def granularity(self, role: str) -> Granularity:
+        return Granularity.ROW
+
+    def along_reduction(self) -> bool:
+        return True
+
+    def hp_wgrad(self) -> bool:
+        return self.gw_hp
+
+    __hash__ = _Recipe.__hash__
+
+
+@dataclasses.dataclass(frozen=True, eq=True)
+class MXFP8BlockScaling(_JustInTime):
+    """MXFP8 (OCP Microscaling v1.0; Transformer Engine's name): every GEMM operand cast in
+    blocks of 32 consecutive elements along that GEMM's reduction dimension, each block
+    scaled by a power of two 2^e, e in [-127, 127] (E8M0), from the block's own amax:
+
+        forward  x along K, W along K;   dgrad  dy along N, W along N;
+        wgrad    dy along M, x along M   (so x, W and dy are each quantised twice)
+
+    ``scale_rule``: ``"rceil"`` (default; NVIDIA's: the smallest 2^e with amax / 2^e <=
+    fp8_max) or ``"floor"`` (the OCP spec's floor(log2(amax)) - emax, which lets a block's
+    largest element saturate); ``margin`` adds to e. Elements round to nearest even (or
+    stochastically), saturating. E4M3 for every role by default (``Format.HYBRID``: E5M2
+    gradients). Scales are local to their blocks: nothing is all-reduced. CPU (the C
+    core); the fused norm/activation modules refuse it. ``power_2_scale`` is always True.
+    """
+
+    fp8_format: Format = Format.E4M3
+    margin: int = 0
+    scale_rule: str = "rceil"
+    power_2_scale: bool = True
+    amax_epsilon: float = 0.0
+    rounding: Union[str, dict, types.MappingProxyType] = "nearest"
+    auto: AutoFormat = dataclasses.field(default_factory=AutoFormat)
+    use_power_2_scales: Optional[bool] = None  # Transformer Engine's spelling of power_2_scale
+    reduce_amax: bool = True  # accepted for uniformity; block scales are never all-reduced
+    fp8_dpa: bool = False  # Transformer Engine's FP8 attention: not supported (True raises)
+    fp8_mha: bool = False
+
+    def __post_init__(self):
+        object.__setattr__(self, "fp8_format", _check_format(self.fp8_format,
+                                                              (Format.E4M3, Format.E5M2, Format.HYBRID)))
+        if self.scale_rule not in ("rceil", "floor"):
+            raise ValueError(f"MXFP8BlockScaling.scale_rule must be 'rceil' or 'floor', got {self.scale_rule!r}")
+        super().__post_init__()
+        if not self.power_2_scale:
+            raise ValueError("MXFP8BlockScaling: MX scales are powers of two by definition; power_2_scale must "
+                             "be True")
+
+    def granularity(self, role: str) -> Granularity:
+        return Granularity.MX
+
+    def along_reduction(self) -> bool:
+        return True
+
+    __hash__ = _Recipe.__hash__
+
+
+RECIPES = (DelayedScaling, CurrentScaling, BlockScaling, RowwiseScaling, MXFP8BlockScaling)
+
+TORCHAO_RECIPE_NAMES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
+
+
+def from_recipe_name(name) -> _Recipe:
+    """torchao's ``Float8LinearConfig.from_recipe_name`` names as fp8mix recipes:
+
+    - ``"tensorwise"``: ``CurrentScaling(fp8_format=Format.HYBRID)`` (dynamic per-tensor
+      scales, E4M3 forward and E5M2 gradients as torchao's default, scales not rounded);
+    - ``"rowwise"``: ``RowwiseScaling(fp8_format=Format.E4M3, power_2_scale=True)``;
+    - ``"rowwise_with_gw_hp"``: the same with ``gw_hp=True``.
+
+    `name` may also be torchao's ``Float8LinearRecipeName`` member (its ``.value`` is used).
+    """
+    value = getattr(name, "value", name)
+    if not isinstance(value, str):
+        raise TypeError(f"from_recipe_name: name must be a str, got {type(name).__name__}")
+    if value == "tensorwise":
+        return CurrentScaling(fp8_format=Format.HYBRID)
+    if value in ("rowwise", "rowwise_with_gw_hp"):
+        return RowwiseScaling(fp8_format=Format.E4M3, power_2_scale=True, gw_hp=value == "rowwise_with_gw_hp")
+    raise ValueError(f"from_recipe_name: unknown recipe name {value!r}; the names are {list(TORCHAO_RECIPE_NAMES)}")
 
 
 def _listing_init(cls) -> None:
@@ -307,3 +439,72 @@ for _cls in RECIPES:
 # Transformer Engine 2.x spellings
 Float8CurrentScaling = CurrentScaling
 Float8BlockScaling = BlockScaling
+
+
+_TORCHAO_CASTS = ("cast_config_input", "cast_config_weight", "cast_config_grad_output")
+_TORCHAO_GW = ("cast_config_input_for_grad_weight", "cast_config_grad_output_for_grad_weight")
+
+
+def _cast_kind(cfg, name: str):
+    """(scaling type, granularity, dtype name) of one of torchao's CastConfig fields (None: absent)."""
+    c = getattr(cfg, name, None)
+    if c is None:
+        return None
+    kind = getattr(getattr(c, "scaling_type", None), "value", None)
+    gran = getattr(getattr(c, "scaling_granularity", None), "value", None)
+    return kind, gran, str(getattr(c, "target_dtype", None) or "torch.float8_e4m3fn")
+
+
+def _torchao_format(cfg) -> Format:
+    dts = [_cast_kind(cfg, n)[2] for n in _TORCHAO_CASTS]
+    if all(d == "torch.float8_e4m3fn" for d in dts):
+        return Format.E4M3
+    if dts[:2] == ["torch.float8_e4m3fn"] * 2 and dts[2] == "torch.float8_e5m2":
+        return Format.HYBRID
+    if all(d == "torch.float8_e5m2" for d in dts):
+        return Format.E5M2
+    raise NotImplementedError(f"from_config: target dtypes {dts} (input, weight, grad_output) have no fp8mix format")
+
+
+def from_config(config) -> _Recipe:
+    """An fp8mix recipe from a recipe (returned as is), one of torchao's recipe names
+    (:func:`from_recipe_name`) or an object with the fields of torchao's
+    ``Float8LinearConfig``: dynamic tensorwise casts give :class:`CurrentScaling`, axiswise
+    ones :class:`RowwiseScaling` (``gw_hp`` when the weight gradient's casts are disabled, as
+    torchao's rowwise_with_gw_hp), with ``round_scales_to_power_of_2`` as ``power_2_scale``.
+    Other combinations raise NotImplementedError naming the field."""
+    if isinstance(config, RECIPES):
+        return config
+    if isinstance(config, str) or hasattr(config, "value") and isinstance(config.value, str):
+        return from_recipe_name(config)
+    if not all(hasattr(config, n) for n in _TORCHAO_CASTS):
+        raise TypeError("config must be an fp8mix recipe, a torchao recipe name or a torchao Float8LinearConfig, "
+                        f"got {type(config).__name__}")
+    kinds = {n: _cast_kind(config, n) for n in _TORCHAO_CASTS}
+    for n, (kind, gran, _) in kinds.items():
+        if kind != "dynamic" or gran not in ("tensorwise", "axiswise"):
+            raise NotImplementedError(f"from_config: {n} has scaling {kind!r}/{gran!r}; fp8mix maps dynamic "
+                                      "tensorwise or axiswise casts only")
+    grans = {g for _, g, _ in kinds.values()}
+    if len(grans) != 1:
+        raise NotImplementedError(f"from_config: mixed granularities {sorted(grans)} across input, weight and "
+                                  "grad_output have no fp8mix recipe")
+    pow2 = bool(getattr(config, "round_scales_to_power_of_2", False))
+    fmt = _torchao_format(config)
+    # torchao fills each per-GEMM override with its main cast config when not given
+    same = {n: _cast_kind(config, n) in (None, kinds[n.replace("_for_grad_weight", "")]) for n in _TORCHAO_GW}
+    gw_off = all(_cast_kind(config, n) is not None and _cast_kind(config, n)[0] == "disabled" for n in _TORCHAO_GW)
+    w_dgrad = _cast_kind(config, "cast_config_weight_for_grad_input")
+    if not (all(same.values()) or gw_off):
+        raise NotImplementedError("from_config: cast_config_input_for_grad_weight and "
+                                  "cast_config_grad_output_for_grad_weight must equal the main casts or both be "
+                                  "disabled (torchao's rowwise_with_gw_hp)")
+    if grans == {"tensorwise"}:
+        if gw_off or w_dgrad not in (None, kinds["cast_config_weight"]):
+            raise NotImplementedError("from_config: per-GEMM cast overrides of a tensorwise config are not mapped")
+        return CurrentScaling(fp8_format=fmt, power_2_scale=pow2)
+    want_w = ("dynamic", "tensorwise") if gw_off else kinds["cast_config_weight"][:2]
+    if w_dgrad is not None and w_dgrad[:2] != want_w:
+        raise NotImplementedError(f"from_config: cast_config_weight_for_grad_input {w_dgrad[:2]} is not torchao's "
+                                  f"{'rowwise_with_gw_hp' if gw_off else 'rowwise'} choice {want_w}")
+    return RowwiseScaling(fp8_format=fmt, power_2_scale=pow2, gw_hp=gw_off)

@@ -72,13 +72,17 @@ static void atomic_max_u32(_Atomic uint32_t *dst, uint32_t v)
 static float amax_from_bits(uint32_t b) { return b > 0x7F800000u ? bits_f32(0x7FC00000u) : bits_f32(b); }
 
 static int valid_dtype(fp8mix_dtype t) { return t == FP8MIX_F32 || t == FP8MIX_BF16 || t == FP8MIX_F16; }
-static int valid_gran(fp8mix_granularity g) { return g >= FP8MIX_GRAN_TENSOR && g <= FP8MIX_GRAN_BLOCK2D; }
+static int valid_gran(fp8mix_granularity g) { return g >= FP8MIX_GRAN_TENSOR && g <= FP8MIX_GRAN_MX; }
 
 /* Segment length from column j within [j, end) under gran. */
 static int64_t seg_end(fp8mix_granularity g, int64_t j, int64_t end)
 {
     if (g == FP8MIX_GRAN_BLOCK || g == FP8MIX_GRAN_BLOCK2D) {
         int64_t b = (j / FP8MIX_BLOCK + 1) * FP8MIX_BLOCK;
+        return b < end ? b : end;
+    }
+    if (g == FP8MIX_GRAN_MX) {
+        int64_t b = (j / FP8MIX_MX_BLOCK + 1) * FP8MIX_MX_BLOCK;
         return b < end ? b : end;
     }
     return end;
@@ -97,7 +101,7 @@ typedef struct cast_job {
     int64_t ld_qt;
     _Atomic uint32_t *amax; /* one per scale in current/amax mode; else 1 or NULL */
     float *scale_inv_out;   /* current mode */
-    int current;            /* 1: fused per-segment current scaling (ROW/BLOCK) */
+    int current;            /* 1: fused per-segment current scaling (ROW/BLOCK/MX) */
     int amax_only;          /* 1: no cast, per-granularity amax */
     int margin, pow2;
     float eps;
@@ -149,11 +153,14 @@ static void cast_task(void *ctx, int64_t task, int worker)
                 uint32_t m = 0;
                 J->k->cast_seg(xs, J->xt, je - j, 1.0f, NULL, &m, &J->p, 0, 0);
                 atomic_max_u32(&J->amax[si], m);
-            } else if (J->current) { /* BLOCK: one 1x128 tile */
+            } else if (J->current) { /* BLOCK: one 1x128 tile; MX: one 1x32 block */
                 uint32_t m = 0;
                 J->k->cast_seg(xs, J->xt, je - j, 1.0f, NULL, &m, &J->p, 0, 0);
                 float s, a = amax_from_bits(m);
-                fp8mix_compute_scale(&a, 1, J->fmt, J->margin, J->pow2, J->eps, &s, &J->scale_inv_out[si]);
+                if (J->gran == FP8MIX_GRAN_MX)
+                    fp8mix_mx_block_scale(m, J->fmt, FP8MIX_MX_RCEIL, J->margin, J->eps, &s, &J->scale_inv_out[si]);
+                else
+                    fp8mix_compute_scale(&a, 1, J->fmt, J->margin, J->pow2, J->eps, &s, &J->scale_inv_out[si]);
                 atomic_store_explicit(&J->amax[si], m, memory_order_relaxed);
                 J->k->cast_seg(xs, J->xt, je - j, s, qrow + (j - c0), &m, &J->p, J->seed,
                                J->offset + (uint64_t)(i * J->cols + j));
@@ -245,6 +252,7 @@ static fp8mix_status cast_impl(const void *x, fp8mix_dtype xt, int64_t rows, int
     fp8mix_status st = common_checks(x, xt, rows, cols, ld_x, gran);
     if (st) return st;
     if ((st = out_checks(rows, cols, q, ld_q, qt, ld_qt))) return st;
+    if (gran == FP8MIX_GRAN_MX && qt) return FP8MIX_ERR_BAD_ARG; /* see fp8mix_quantize_mx */
     cast_job J;
     job_init(&J, x, xt, rows, cols, ld_x, gran);
     if ((st = fp8_params_init(&J.p, opts))) return st;
@@ -322,6 +330,7 @@ fp8mix_status fp8mix_quantize_current(const void *x, fp8mix_dtype xt, int64_t ro
     fp8mix_status st = common_checks(x, xt, rows, cols, ld_x, gran);
     if (st) return st;
     if ((st = out_checks(rows, cols, q, ld_q, qt, ld_qt))) return st;
+    if (gran == FP8MIX_GRAN_MX && qt) return FP8MIX_ERR_BAD_ARG; /* see fp8mix_quantize_mx */
     fp8_params p;
     if ((st = fp8_params_init(&p, opts))) return st;
     float probe = 0.0f;
@@ -346,7 +355,7 @@ fp8mix_status fp8mix_quantize_current(const void *x, fp8mix_dtype xt, int64_t ro
         return FP8MIX_ERR_NO_MEMORY;
     }
     float *inv = sc + n;
-    int fused = !qt && (gran == FP8MIX_GRAN_ROW || gran == FP8MIX_GRAN_BLOCK);
+    int fused = !qt && (gran == FP8MIX_GRAN_ROW || gran == FP8MIX_GRAN_BLOCK || gran == FP8MIX_GRAN_MX);
     if (fused) {
         cast_job J;
         job_init(&J, x, xt, rows, cols, ld_x, gran);

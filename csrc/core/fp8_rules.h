@@ -233,6 +233,39 @@ FP8R_FN float fp8r_scale_from_amax(float a, float fmax, int margin, int pow2, fl
     return s;
 }
 
+/* ---- MX blocks: the shared exponent of one block (fp8mix_mx_exponent) ------
+ * e5m2 / floor_rule: 0 or 1; margin in [0, 126] and eps finite >= 0 are the
+ * caller's checks.  Integer code on a's bits: no rounded log2 or division. */
+FP8R_FN int fp8r_mx_exponent(float a, int e5m2, int floor_rule, int margin, float eps)
+{
+    if (a < eps) a = eps; /* NaN compares false: stays NaN */
+    uint32_t u = f32_bits(a) & 0x7FFFFFFFu;
+    if (u >= 0x7F800000u) return 0; /* NaN or inf: scale 1 */
+    if (u == 0) return -127;
+    int e;          /* floor(log2(a)) */
+    uint32_t frac;  /* a's 23 fraction bits after its leading one */
+    if (u >= 0x00800000u) {
+        e = (int)(u >> 23) - 127;
+        frac = u & 0x7FFFFFu;
+    } else { /* subnormal: normalise */
+        int lead = 31;
+        while (!(u >> lead)) lead--;
+        e = lead - 149;
+        frac = shl32(u, (uint32_t)(23 - lead)) & 0x7FFFFFu;
+    }
+    int emax = e5m2 ? 15 : 8; /* fmt_max = 1.75 * 2^emax for both formats */
+    e -= emax;
+    if (!floor_rule && frac > 0x600000u) e += 1; /* mantissa above 1.75: one step up */
+    e += margin;
+    return e < -127 ? -127 : (e > 127 ? 127 : e);
+}
+
+/* 2^e as float32 for e in [-149, 127] (exact; subnormal below -126). */
+FP8R_FN float fp8r_exp2i(int e)
+{
+    return e >= -126 ? bits_f32((uint32_t)(e + 127) << 23) : bits_f32(1u << (e + 149));
+}
+
 /* ---- delayed scaling: the rules of one record (fp8mix_delayed_record) ------ */
 
 /* The value a history stores for an amax: a non-finite amax (an overflowing step,

@@ -17,6 +17,7 @@
  *   - TENSOR / OUTER: v = (sa_i * sb_j) * sum;
  *     BLOCK: acc = +0; for kb = 0, 1, ...: acc = acc + part_kb * (sa[i][kb] *
  *     sb[kb][j / 128]) (each operation rounded to float32, no FMA); v = acc;
+ *     MX: the same with 32-deep K runs and (sa[i][kb] * sb[j][kb]) (mx.c);
  *   - with bias: v = v + bias_j (bias widened to float32 exactly);
  *   - v is rounded once to out_t (nearest even, NaN stays NaN).
  *
@@ -55,7 +56,7 @@ static int dtype_ok(fp8mix_dtype t)
 static int kind_ok(fp8mix_mm_scale s)
 {
     return s == FP8MIX_MM_SCALE_TENSOR || s == FP8MIX_MM_SCALE_OUTER ||
-           s == FP8MIX_MM_SCALE_BLOCK;
+           s == FP8MIX_MM_SCALE_BLOCK || s == FP8MIX_MM_SCALE_MX;
 }
 
 /* Scale counts; only meaningful after the shape checks passed. */
@@ -64,6 +65,7 @@ static int64_t scale_a_count(const fp8mix_gemm_args *g)
     switch (g->scale_a_kind) {
     case FP8MIX_MM_SCALE_TENSOR: return 1;
     case FP8MIX_MM_SCALE_OUTER: return g->m;
+    case FP8MIX_MM_SCALE_MX: return g->m * ceil_div(g->k, FP8MIX_MX_BLOCK);
     default: return g->m * ceil_div(g->k, FP8MIX_BLOCK);
     }
 }
@@ -72,6 +74,7 @@ static int64_t scale_b_count(const fp8mix_gemm_args *g)
     switch (g->scale_b_kind) {
     case FP8MIX_MM_SCALE_TENSOR: return 1;
     case FP8MIX_MM_SCALE_OUTER: return g->n;
+    case FP8MIX_MM_SCALE_MX: return g->n * ceil_div(g->k, FP8MIX_MX_BLOCK);
     default: return ceil_div(g->k, FP8MIX_BLOCK) * ceil_div(g->n, FP8MIX_BLOCK);
     }
 }
@@ -91,8 +94,10 @@ static fp8mix_status check_args(const fp8mix_gemm_args *g)
         return FP8MIX_ERR_BAD_ENUM;
     if ((g->scale_a_kind == FP8MIX_MM_SCALE_BLOCK) !=
             (g->scale_b_kind == FP8MIX_MM_SCALE_BLOCK) ||
+        (g->scale_a_kind == FP8MIX_MM_SCALE_MX) != (g->scale_b_kind == FP8MIX_MM_SCALE_MX) ||
         g->promote_interval < 0)
         return FP8MIX_ERR_BAD_ARG;
+    if (g->scale_a_kind == FP8MIX_MM_SCALE_MX && g->accum != FP8MIX_ACCUM_FP32) return FP8MIX_ERR_UNSUPPORTED;
     if ((g->a_layout == FP8MIX_A_MK ? bad_2d(g->m, g->k, g->lda) : bad_2d(g->k, g->m, g->lda)) ||
         bad_2d(g->m, g->n, g->ldo) ||
         (g->b_layout == FP8MIX_B_KN ? bad_2d(g->k, g->n, g->ldb)
@@ -171,7 +176,7 @@ static inline void epilogue_one(const fp8mix_gemm_args *g, int64_t i, int64_t j0
 {
     float *dst = g->out_t == FP8MIX_F32 ? (float *)g->out + i * g->ldo + j0 : vals;
     const float *src = vals;
-    if (g->scale_a_kind != FP8MIX_MM_SCALE_BLOCK) {
+    if (g->scale_a_kind != FP8MIX_MM_SCALE_BLOCK && g->scale_a_kind != FP8MIX_MM_SCALE_MX) {
         float sa = g->scale_a[g->scale_a_kind == FP8MIX_MM_SCALE_TENSOR ? 0 : i];
         if (g->scale_b_kind == FP8MIX_MM_SCALE_TENSOR) {
             mul_scalar(dst, src, sa * g->scale_b[0], n);
@@ -243,6 +248,7 @@ fp8mix_status fp8mix_gemm_ref(const fp8mix_gemm_args *g)
 {
     fp8mix_status st = check_args(g);
     if (st != FP8MIX_OK || g->m == 0 || g->n == 0) return st;
+    if (g->scale_a_kind == FP8MIX_MM_SCALE_MX) return fp8mix_gemm_mx(g); /* one plain loop already */
     const float *ta = fp8mix_decode_table(g->fmt_a), *tb = fp8mix_decode_table(g->fmt_b);
     int block = g->scale_a_kind == FP8MIX_MM_SCALE_BLOCK;
     for (int64_t i = 0; i < g->m; i++) {
@@ -342,5 +348,6 @@ fp8mix_status fp8mix_gemm(const fp8mix_gemm_args *g)
     if (st != FP8MIX_OK || g->m == 0 || g->n == 0) return st;
     fp8mix_prefault(g->out, (size_t)((g->m - 1) * g->ldo + g->n) * dtype_size(g->out_t),
                     fp8mix_workers_for(g->m * g->n, 1 << 18));
+    if (g->scale_a_kind == FP8MIX_MM_SCALE_MX) return fp8mix_gemm_mx(g);
     return g->accum == FP8MIX_ACCUM_FP22 ? fp8mix_gemm_fp22(g) : fp8mix_gemm_blocked(g);
 }

@@ -13,6 +13,7 @@ int64_t fp8mix_scale_count(fp8mix_granularity gran, int64_t rows, int64_t cols)
     case FP8MIX_GRAN_ROW: return rows;
     case FP8MIX_GRAN_BLOCK: return rows * ceil_div(cols, FP8MIX_BLOCK);
     case FP8MIX_GRAN_BLOCK2D: return ceil_div(rows, FP8MIX_BLOCK) * ceil_div(cols, FP8MIX_BLOCK);
+    case FP8MIX_GRAN_MX: return rows * ceil_div(cols, FP8MIX_MX_BLOCK);
     }
     return -1;
 }
@@ -43,4 +44,11 @@ fp8mix_status fp8mix_compute_scale(const float *amax, int64_t n, fp8mix_format f
         if (scale_inv) scale_inv[i] = 1.0f / s;
     }
     return FP8MIX_OK;
+}
+
+int fp8mix_mx_exponent(float amax, fp8mix_format fmt, fp8mix_mx_rule rule, int margin, float amax_epsilon)
+{
+    if ((fmt != FP8MIX_E4M3 && fmt != FP8MIX_E5M2) || (rule != FP8MIX_MX_RCEIL && rule != FP8MIX_MX_FLOOR))
+        return 0;
+    return fp8r_mx_exponent(amax, fmt == FP8MIX_E5M2, rule == FP8MIX_MX_FLOOR, margin, amax_epsilon);
 }

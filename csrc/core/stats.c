@@ -169,7 +169,8 @@ static void stats_task(void *ctx, int64_t task, int worker)
     fp8mix_stats_seg seg;
     float seg_si = 0; /* the scale_inv seg was made for (0: none yet) */
     /* the segment width: one scale per segment, starting at a multiple of 16 */
-    int64_t width = J->gran == FP8MIX_GRAN_TENSOR || J->gran == FP8MIX_GRAN_ROW ? J->cols : FP8MIX_BLOCK;
+    int64_t width = J->gran == FP8MIX_GRAN_TENSOR || J->gran == FP8MIX_GRAN_ROW ? J->cols
+                    : J->gran == FP8MIX_GRAN_MX ? FP8MIX_MX_BLOCK : FP8MIX_BLOCK;
     int64_t r0 = task * J->rows_per_task;
     int64_t r1 = r0 + J->rows_per_task < J->rows ? r0 + J->rows_per_task : J->rows;
     for (int64_t i = r0; i < r1; i++) {
@@ -248,7 +249,7 @@ fp8mix_status fp8mix_quant_stats(const void *x, fp8mix_dtype xt, int64_t rows, i
 {
     if (!out) return FP8MIX_ERR_NULL_POINTER;
     if ((fmt != FP8MIX_E4M3 && fmt != FP8MIX_E5M2) || (xt != FP8MIX_F32 && xt != FP8MIX_BF16 &&
-        xt != FP8MIX_F16) || gran < FP8MIX_GRAN_TENSOR || gran > FP8MIX_GRAN_BLOCK2D)
+        xt != FP8MIX_F16) || gran < FP8MIX_GRAN_TENSOR || gran > FP8MIX_GRAN_MX)
         return FP8MIX_ERR_BAD_ENUM;
     if (bad_2d(rows, cols, ld_x) || bad_2d(rows, cols, ld_q)) return FP8MIX_ERR_BAD_SHAPE;
     int empty = rows == 0 || cols == 0, bad_as_one = opts && opts->bad_scale_as_one;

@@ -79,8 +79,10 @@
  *   FP8MIX_GRAN_ROW      one per row                     shape (R)
  *   FP8MIX_GRAN_BLOCK    one per 1x128 tile of a row     shape (R, ceil(C/128))
  *   FP8MIX_GRAN_BLOCK2D  one per 128x128 block           shape (ceil(R/128), ceil(C/128))
+ *   FP8MIX_GRAN_MX       one per 1x32 block of a row     shape (R, ceil(C/32))
  *   Scale arrays are dense row-major.  Tiles at the right/bottom edge are
- *   partial.
+ *   partial.  MX (OCP Microscaling v1.0, MXFP8) scales are powers of two
+ *   whose exponent fits E8M0; see "MX blocks" below.
  *
  * Threads and memory
  *   Large calls split across threads: a pool of POSIX threads, started on
@@ -133,10 +135,12 @@ typedef enum fp8mix_granularity {
     FP8MIX_GRAN_TENSOR = 0,
     FP8MIX_GRAN_ROW = 1,
     FP8MIX_GRAN_BLOCK = 2,   /* 1 x 128 tiles    */
-    FP8MIX_GRAN_BLOCK2D = 3  /* 128 x 128 blocks */
+    FP8MIX_GRAN_BLOCK2D = 3, /* 128 x 128 blocks */
+    FP8MIX_GRAN_MX = 4       /* 1 x 32 blocks, power-of-two (E8M0) scales */
 } fp8mix_granularity;
 
 #define FP8MIX_BLOCK 128
+#define FP8MIX_MX_BLOCK 32
 
 typedef enum fp8mix_rounding {
     FP8MIX_ROUND_NEAREST = 0,
@@ -195,8 +199,10 @@ uint32_t fp8mix_random_word(uint64_t seed, uint64_t offset, uint64_t n);
  *          (>= rows); qt[j * ld_qt + i] == q[i * ld_q + j] (cast+transpose)
  *   amax   optional (NULL: none): one float32, max |x| over the whole input
  *   q and qt must not both be NULL unless the tensor is empty.
- * Errors: NULL_POINTER, BAD_SHAPE, BAD_ENUM, BAD_SCALE (checked before any
- * byte is written). */
+ * With FP8MIX_GRAN_MX, qt is refused (BAD_ARG): a byte transpose of MX blocks
+ * is no MX tensor (fp8mix_quantize_mx writes the transposed quantisation).
+ * Errors: NULL_POINTER, BAD_SHAPE, BAD_ENUM, BAD_SCALE, BAD_ARG (checked before
+ * any byte is written). */
 fp8mix_status fp8mix_cast(const void *x, fp8mix_dtype xt, int64_t rows,
                           int64_t cols, int64_t ld_x, fp8mix_granularity gran,
                           const float *scale, uint8_t *q, int64_t ld_q,
@@ -233,7 +239,9 @@ fp8mix_status fp8mix_compute_scale(const float *amax, int64_t n,
  * if not NULL) exactly as fp8mix_cast would with those scales, the scales'
  * inverses to scale_inv and the per-granularity amax to amax_out (either may
  * be NULL).  BLOCK and ROW granularities read x once (each tile is reduced
- * and cast while in cache); TENSOR reads it twice. */
+ * and cast while in cache); TENSOR reads it twice.  FP8MIX_GRAN_MX takes its
+ * exponents by FP8MIX_MX_RCEIL with margin and amax_epsilon (pow2 is implied
+ * and ignored); qt is then refused (BAD_ARG; see fp8mix_quantize_mx). */
 fp8mix_status fp8mix_quantize_current(const void *x, fp8mix_dtype xt,
                                       int64_t rows, int64_t cols, int64_t ld_x,
                                       fp8mix_granularity gran, int margin,
@@ -251,6 +259,56 @@ fp8mix_status fp8mix_dequantize(const uint8_t *q, fp8mix_format fmt,
                                 fp8mix_granularity gran,
                                 const float *scale_inv, void *out,
                                 fp8mix_dtype out_t, int64_t ld_out);
+
+/* ---- MX blocks (OCP Microscaling Formats v1.0, MXFP8) --------------------
+ *
+ * FP8MIX_GRAN_MX: each row is cut into blocks of 32 consecutive elements (the
+ * last one partial); each block has one shared scale X = 2^e, e an integer in
+ * [-127, 127] (E8M0: the byte e + 127; the code 255, NaN, is never produced).
+ * Elements are stored as FP8 values P = x / X rounded like every cast (the
+ * product x * 2^-e rounded to float32 first, then to nearest even, saturating
+ * unless opts say otherwise).  scale_inv arrays hold X as float32 (exact; for
+ * e = -127 a subnormal); scale arrays passed to fp8mix_cast hold 1 / X.
+ *
+ * The exponent of a block with amax a = max |x| (fp8mix_mx_exponent):
+ *   a = max(a, amax_epsilon);
+ *   a NaN or +-inf:     e = 0 (OCP marks such a block with the NaN scale; fp8mix
+ *                       keeps scale 1 so that the block's NaN/inf elements
+ *                       carry it, as its other granularities do);
+ *   a == 0:             e = -127;
+ *   FLOOR (OCP v1.0 sec. 6.3): e = floor(log2(a)) - emax_elem, emax_elem = 8
+ *                       (E4M3) or 15 (E5M2): the block's largest element may
+ *                       exceed the format's max and saturate;
+ *   RCEIL (NVIDIA's, the default): the smallest e with a <= fmt_max * 2^e,
+ *                       decided exactly from a's bits (no rounded division);
+ *   then e = e + margin, clamped to [-127, 127].
+ * amax_epsilon must be finite and >= 0; margin in [0, 126]. */
+typedef enum fp8mix_mx_rule {
+    FP8MIX_MX_RCEIL = 0,
+    FP8MIX_MX_FLOOR = 1
+} fp8mix_mx_rule;
+
+/* The exponent e of one block's scale 2^e by the rule above (an unknown
+ * format or rule returns 0). */
+int fp8mix_mx_exponent(float amax, fp8mix_format fmt, fp8mix_mx_rule rule, int margin, float amax_epsilon);
+
+/* MX quantisation of x (rows x cols), current scaling with `rule`:
+ *   q          rows x cols, scale_inv rows x ceil(cols/32) (row-major, X)
+ *   qt         optional (NULL: none): the cols x rows quantisation of x's
+ *              transpose, whose 32-blocks run along x's columns (so it is a
+ *              second quantisation, not a byte transpose), with scale_inv_t
+ *              cols x ceil(rows/32).  qt and scale_inv_t are byte for byte what
+ *              this call gives as q and scale_inv for the contiguous transpose
+ *              of x with the same opts (stochastic rounding included: element
+ *              (j, i) of qt takes random word j * rows + i).
+ *   amax_out   optional: rows x ceil(cols/32) block amaxes of x.
+ * q and its scale_inv may be NULL when only qt is wanted (and vice versa).
+ * Errors: NULL_POINTER, BAD_SHAPE, BAD_ENUM (format, dtype, rule), BAD_ARG
+ * (margin, amax_epsilon). */
+fp8mix_status fp8mix_quantize_mx(const void *x, fp8mix_dtype xt, int64_t rows, int64_t cols, int64_t ld_x,
+                                 fp8mix_mx_rule rule, int margin, float amax_epsilon, uint8_t *q,
+                                 int64_t ld_q, float *scale_inv, uint8_t *qt, int64_t ld_qt,
+                                 float *scale_inv_t, float *amax_out, const fp8mix_cast_opts *opts);
 
 /* ---- quantisation statistics -------------------------------------------- */
 
@@ -364,10 +422,16 @@ typedef enum fp8mix_a_layout {
 typedef enum fp8mix_mm_scale {
     FP8MIX_MM_SCALE_TENSOR = 0, /* one float                                   */
     FP8MIX_MM_SCALE_OUTER = 1,  /* A: one per row (M); B: one per column (N)    */
-    FP8MIX_MM_SCALE_BLOCK = 2   /* A: (M, ceil(K/128)) 1x128 tiles;
+    FP8MIX_MM_SCALE_BLOCK = 2,  /* A: (M, ceil(K/128)) 1x128 tiles;
                                    B: (ceil(K/128), ceil(N/128)) 128x128 blocks
                                    (always indexed [k-block][n-block], whatever
                                    B's layout).  A and B must both be BLOCK. */
+    FP8MIX_MM_SCALE_MX = 3      /* MX: A (M, ceil(K/32)) per 1x32 block of a row
+                                   of A; B (N, ceil(K/32)) per 32 consecutive k
+                                   of a column of B, indexed [n][k-block]
+                                   whatever B's layout (the layout of an MX
+                                   weight (N, K) quantised along K).  A and B
+                                   must both be MX; ACCUM_FP32 only. */
 } fp8mix_mm_scale;
 
 typedef enum fp8mix_accum {
@@ -408,7 +472,8 @@ typedef struct fp8mix_gemm_args {
  * ~K * 2^-24 relative.  TENSOR/OUTER scales multiply the sum once in the
  * epilogue (out = sa_i * sb_j * sum + bias_j); BLOCK: each 128-deep K block's
  * float32 partial sum is multiplied by (sa[i][kb] * sb[kb][jb]) and added to
- * a float32 accumulator starting at +0.
+ * a float32 accumulator starting at +0.  MX: the same with 32-deep K blocks,
+ * each partial sum multiplied by (sa[i][kb] * sb[j][kb]).
  * ACCUM_FP22 models Hopper FP8 tensor cores, whose accumulator keeps about
  * 14 significant bits (DeepSeek-V3 report, sec. 3.3.2): inside a K run (all
  * of K, or one 128-deep block with BLOCK scales) products are added in order
@@ -419,8 +484,8 @@ typedef struct fp8mix_gemm_args {
  * bias_t may be F32, BF16 or F16 (widened exactly), independent of out_t.
  * K == 0 gives bias (or +0).  Output is rounded once to out_t (nearest even).
  * Errors: NULL_POINTER, BAD_SHAPE (ld too small; every ld >= 1), BAD_ENUM,
- * BAD_SCALE (a scale not finite or <= 0), BAD_ARG (BLOCK mixed with another
- * kind, promote_interval < 0). */
+ * BAD_SCALE (a scale not finite or <= 0), BAD_ARG (BLOCK or MX mixed with
+ * another kind, promote_interval < 0), UNSUPPORTED (MX with ACCUM_FP22). */
 fp8mix_status fp8mix_gemm(const fp8mix_gemm_args *args);
 
 /* ---- per-tensor recipes: delayed-scaling state and a linear layer's casts ---

@@ -177,6 +177,10 @@ def input_layout(plan: Plan) -> tuple:
     transpose is also needed, granularity of the wgrad copy or None when xq (or its
     transpose) serves). Module-specific input casts (a fused norm or activation) follow it."""
     recipe, in_out = plan.recipe, plan.layout == "in_out"
+    if recipe.along_reduction():
+        raise NotImplementedError(f"fp8mix: {type(recipe).__name__} is not supported by the fused norm/activation "
+                                  "FP8 casts (LayerNormLinear, LayerNormMLP): they have no cast of the transpose "
+                                  "along the tokens; use fp8mix.Linear layers or another recipe")
     if recipe.granularity("input") == _BLOCK:
         return _BLOCK, False, (_BLOCK if in_out else _BLOCK2D)
     return _TENSOR, in_out or plan.tn, None

@@ -19,7 +19,8 @@ from .. import ops
 from ..autocast import current_frame, note_module_ran
 from ..formats import Format, Granularity, fp8_dtype
 from . import _casts
-from ._casts import Plan, all_reduce_max, cast_input, cast_weight, delayed_spec, python_algo_scale
+from ._axis import axis_forward
+from ._casts import Plan, all_reduce_max, cast_input, cast_weight, delayed_spec, input_layout, python_algo_scale
 from ._function import FP8LinearFunction
 from .observe import auto_forward, monitor_forward
 from .recompute import in_recompute, under_saved_tensor_hooks
@@ -93,10 +94,12 @@ def _plan_rounding(m, plan: Plan, rows: int, in_f: int, out_f: int, weight_cast:
     r = plan.recipe
     if not r.stochastic():
         return
-    block = r.granularity("input") == Granularity.BLOCK  # BlockScaling casts x and dy twice
+    # BlockScaling casts x and dy twice; the along-reduction recipes x, W and dy (fp8mix.nn._axis)
+    block = r.granularity("input") == Granularity.BLOCK or r.along_reduction()
     sizes = [(0, "input", rows * in_f, True), (3, "input", rows * in_f, block),
              (1, "weight", m.weight.numel(), weight_cast), (2, "grad_output", rows * out_f, wants_grad),
-             (4, "grad_output", rows * out_f, wants_grad and block)]
+             (4, "grad_output", rows * out_f, wants_grad and block),
+             (5, "weight", m.weight.numel(), weight_cast and r.along_reduction())]
     off = 0
     for key, role, n, used in sizes:
         if used and r.rounding_of(role) == "stochastic":
@@ -179,6 +182,13 @@ def fp8_forward(m, x: torch.Tensor, weight: torch.Tensor, bias, *, layout: str, 
     wants_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
     plan = _make_plan(m, x2, weight, frame, replay, recompute, layout, is_first_microbatch, wants_grad,
                       hp_out_dtype(x, weight.dtype), gemm)
+    if plan.recipe.along_reduction():
+        if input_cast is not None:
+            input_layout(plan)  # raises: the fused producer casts have no along-reduction layout
+        if plan.record and wants_grad and not recompute and under_saved_tensor_hooks():
+            m._replay[gemm].push(plan)
+        y2 = axis_forward(m, x2, weight, bias, plan, is_first_microbatch, wants_grad)
+        return y2.reshape(*x.shape[:-1], out_features)
     with torch.no_grad():
         if input_cast is None:
             xq, x_sinv, x_save, x_save_sinv = cast_input(m, x2.detach(), plan, replay)

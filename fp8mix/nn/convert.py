@@ -20,7 +20,7 @@ from typing import Callable, Optional
 import torch
 import torch.nn as nn
 
-from ..recipe import RECIPES
+from ..recipe import RECIPES, from_config
 from .conv1d import Conv1D
 from .fp8_state import FP8_STATE_KEYS, FP8StateMixin
 from .linear import Linear
@@ -71,7 +71,7 @@ def _convert_one(m: nn.Module) -> None:
 
 
 def convert_model(model: nn.Module, *, module_filter_fn: Optional[Callable[[nn.Module, str], bool]] = None,
-                  recipe=None, plan=None) -> nn.Module:
+                  recipe=None, config=None, plan=None) -> nn.Module:
     """Turn every ``nn.Linear`` (and Hugging Face ``Conv1D``) of `model` into its fp8mix
     version in place, keeping its Parameters, and return `model`.
 
@@ -81,6 +81,13 @@ def convert_model(model: nn.Module, *, module_filter_fn: Optional[Callable[[nn.M
             the FP8 share of a model step by step.
         recipe: accepted for symmetry with Transformer Engine; the recipe is chosen by
             :func:`fp8mix.fp8_autocast` at run time.
+        config: for torchao users: one of torchao's recipe names (``"tensorwise"``,
+            ``"rowwise"``, ``"rowwise_with_gw_hp"``), a torchao ``Float8LinearConfig`` (or
+            an object with its fields) or an fp8mix recipe (see
+            :func:`fp8mix.recipe.from_config`). The converted layers then use that recipe
+            inside any :func:`fp8mix.fp8_autocast`, whatever recipe the autocast names (their
+            ``fp8_recipe``, as a precision plan sets it); outside one they stay in high
+            precision, as every fp8mix layer.
         plan: an :class:`fp8mix.Plan` (from :func:`fp8mix.search_plan` or ``Plan.load``):
             after converting, each planned layer gets its decision (``fp8_enabled`` /
             ``fp8_recipe``), layers the plan keeps stay in high precision.
@@ -94,6 +101,9 @@ def convert_model(model: nn.Module, *, module_filter_fn: Optional[Callable[[nn.M
         raise TypeError(f"convert_model expects an nn.Module, got {type(model).__name__}")
     if recipe is not None and not isinstance(recipe, RECIPES):
         raise TypeError(f"convert_model: recipe must be an fp8mix.recipe object or None, got {type(recipe).__name__}")
+    if config is not None and recipe is not None:
+        raise TypeError("convert_model: give recipe or config, not both")
+    layer_recipe = from_config(config) if config is not None else None
     if module_filter_fn is not None and not callable(module_filter_fn):
         raise TypeError("module_filter_fn must be callable (module, fqn) -> bool")
     if plan is not None and not callable(getattr(plan, "apply", None)):  # duck-typed: nn never imports plan
@@ -113,6 +123,8 @@ def convert_model(model: nn.Module, *, module_filter_fn: Optional[Callable[[nn.M
             report.skipped[name] = reason
             continue
         _convert_one(m)
+        if layer_recipe is not None:
+            m.fp8_recipe = layer_recipe
         report.append(name)
     _report(model, report)
     if plan is not None:
@@ -163,7 +175,8 @@ def unconvert_model(model: nn.Module) -> nn.Module:
         for k in FP8_STATE_KEYS:
             m._buffers.pop(k, None)
         for k in [k for k in m.__dict__ if k.startswith(("_fp8", "_wcache", "_replay", "_nograd", "_auto_",
-                                                          "_maybe_fresh", "_fallback"))]:
+                                                          "_maybe_fresh", "_fallback"))
+                  or k in ("fp8_recipe", "fp8_enabled")]:  # the per-module policy (config=, a plan)
             del m.__dict__[k]
         m.__class__ = cls
     return model

@@ -586,7 +586,7 @@ static void test_bad_args(void)
     EXPECT(b_layout, (fp8mix_b_layout)2, FP8MIX_ERR_BAD_ENUM);
     EXPECT(a_layout, (fp8mix_a_layout)2, FP8MIX_ERR_BAD_ENUM);
     EXPECT(accum, (fp8mix_accum)5, FP8MIX_ERR_BAD_ENUM);
-    EXPECT(scale_b_kind, (fp8mix_mm_scale)3, FP8MIX_ERR_BAD_ENUM);
+    EXPECT(scale_b_kind, (fp8mix_mm_scale)4, FP8MIX_ERR_BAD_ENUM);
     EXPECT(scale_b_kind, FP8MIX_MM_SCALE_TENSOR, FP8MIX_ERR_BAD_ARG);
     EXPECT(promote_interval, -1, FP8MIX_ERR_BAD_ARG);
     const float bad[] = {0.0f, -1.0f, NAN, INFINITY};

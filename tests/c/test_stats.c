@@ -208,7 +208,7 @@ static void test_empty_and_errors(void)
               FP8MIX_ERR_BAD_ENUM, "format");
     CHECK(fp8mix_quant_stats(&x, (fp8mix_dtype)3, 1, 1, 1, &q, 1, FP8MIX_E4M3, 0, &one, NULL, out) ==
               FP8MIX_ERR_BAD_ENUM, "dtype");
-    CHECK(fp8mix_quant_stats(&x, FP8MIX_F32, 1, 1, 1, &q, 1, FP8MIX_E4M3, (fp8mix_granularity)4, &one, NULL, out) ==
+    CHECK(fp8mix_quant_stats(&x, FP8MIX_F32, 1, 1, 1, &q, 1, FP8MIX_E4M3, (fp8mix_granularity)5, &one, NULL, out) ==
               FP8MIX_ERR_BAD_ENUM, "granularity");
     CHECK(fp8mix_quant_stats(&x, FP8MIX_F32, 1, 2, 1, &q, 2, FP8MIX_E4M3, 0, &one, NULL, out) == FP8MIX_ERR_BAD_SHAPE,
           "ld < cols");

@@ -208,7 +208,8 @@ LINEAR_FQNS = ["blocks.0.proj", "blocks.0.layers.0", "blocks.0.layers.1.1", "blo
 def test_convert_model_signature():
     sig = inspect.signature(fp8mix.convert_model)
     assert [(p.name, p.default) for p in sig.parameters.values()] == \
-        [("model", inspect.Parameter.empty), ("module_filter_fn", None), ("recipe", None)]
+        [("model", inspect.Parameter.empty), ("module_filter_fn", None), ("recipe", None), ("config", None),
+         ("plan", None)]
 
 
 def test_convert_model_swaps_nested_linears_sharing_parameters():
