@@ -60,7 +60,7 @@ static void read_case(fz *f, cast_case *c)
     if ((ldk & 0xE0) == 0xE0) c->ld_x = 0;
     uint8_t ek = fz_u8(f);
     c->xt = (ek & 0x1F) == 0x1F ? (int)fz_below(f, 8) - 2 : (int)fz_below(f, 3);
-    c->gran = (ek & 0xE0) == 0xE0 ? (int)fz_below(f, 8) - 2 : (int)fz_below(f, 4);
+    c->gran = gran_skip_mx((ek & 0xE0) == 0xE0 ? (int)fz_below(f, 8) - 2 : (int)fz_below(f, 4));
     uint8_t ok = fz_u8(f);
     c->fmt_raw = (ok & 0x1F) == 0x1F ? (int)fz_below(f, 6) - 2 : (int)(ok & 1);
     c->rounding_raw = (ok & 0xE0) == 0xE0 ? (int)fz_below(f, 6) - 2 : (int)((ok >> 1) & 1);

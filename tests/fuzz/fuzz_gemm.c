@@ -116,7 +116,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     uint8_t k2 = fz_u8(&f);
     int ka = (int)(k2 % 3), kb = (int)((k2 / 3) % 3);
     if ((k2 & 0xC0) != 0xC0 && (ka == 2 || kb == 2)) ka = kb = 2; /* mostly consistent BLOCK */
-    if ((fz_u8(&f) & 31) == 31) ka = 3 + (int)fz_below(&f, 3);
+    if ((fz_u8(&f) & 31) == 31) ka = 4 + (int)fz_below(&f, 3); /* invalid kinds (3 is MX, tested in test_mx.c) */
     uint8_t k3 = fz_u8(&f);
     int accum = (k3 & 1), bias_kind = (int)((k3 >> 1) & 3); /* 0: none, else bias_t = kind - 1 */
     int bias_t = bias_kind ? bias_kind - 1 : 0;

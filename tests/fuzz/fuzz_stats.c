@@ -22,7 +22,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (rows * cols > 12000) cols = 12000 / (rows ? rows : 1);
     uint8_t k = fz_u8(&f);
     int fmt = (k & 15) == 15 ? (int)fz_below(&f, 5) - 1 : (k & 1);
-    int gran = (k & 0x70) == 0x70 ? (int)fz_below(&f, 7) - 2 : (int)fz_below(&f, 4);
+    int gran = gran_skip_mx((k & 0x70) == 0x70 ? (int)fz_below(&f, 7) - 2 : (int)fz_below(&f, 4));
     int xt = (k & 0x80) && fz_bool(&f) ? (int)fz_below(&f, 6) - 2 : (int)fz_below(&f, 3);
     uint8_t k2 = fz_u8(&f);
     int64_t ld_x = cols + ((k2 & 3) == 3 ? fz_below(&f, 4) : 0);
