@@ -619,8 +619,21 @@ at::Tensor scaled_mm_cpu(const at::Tensor &a, const at::Tensor &b, const at::Ten
                       "fp8mix.scaled_mm: accumulate must be 'fp32' or 'fp22', got '", std::string(accumulate), "'");
     TORCH_CHECK_VALUE(promote_interval >= 0, "fp8mix.scaled_mm: promote_interval must be >= 0");
     TORCH_CHECK_VALUE((scale_kind_a < 0) == (scale_kind_b < 0), "fp8mix.scaled_mm: give both scale kinds or none");
-    at::Tensor ac = (a.stride(1) == 1 && (M <= 1 || a.stride(0) >= K)) ? a : a.contiguous();
-    const int64_t lda = (M > 1 && K > 0) ? ac.stride(0) : (K > 0 ? K : 1);
+    // A row-major (M, K), or column-major (a transposed view, wgrad's dy^T): read in place
+    at::Tensor ac;
+    fp8mix_a_layout al = FP8MIX_A_MK;
+    int64_t lda;
+    if (a.stride(1) == 1 && (M <= 1 || a.stride(0) >= K)) {
+        ac = a;
+        lda = (M > 1 && K > 0) ? a.stride(0) : (K > 0 ? K : 1);
+    } else if (M > 1 && K > 1 && a.stride(0) == 1 && a.stride(1) >= M) {
+        ac = a;
+        al = FP8MIX_A_KM;
+        lda = a.stride(1);
+    } else {
+        ac = a.contiguous();
+        lda = K > 0 ? K : 1;
+    }
     BView bv = b_view(b);
     const int64_t kb = (K + 127) / 128, mb = (M + 127) / 128, nb = (N + 127) / 128;
     const bool block_mode = is_block_mode(scale_a, scale_b, M, kb, nb, scale_kind_a);
@@ -646,7 +659,7 @@ at::Tensor scaled_mm_cpu(const at::Tensor &a, const at::Tensor &b, const at::Ten
     fp8mix_gemm_args g;
     memset(&g, 0, sizeof g);
     g.m = M; g.n = N; g.k = K;
-    g.a = (const uint8_t *)ac.data_ptr(); g.fmt_a = fa; g.lda = lda;
+    g.a = (const uint8_t *)ac.data_ptr(); g.fmt_a = fa; g.lda = lda; g.a_layout = al;
     g.b = (const uint8_t *)bv.t.data_ptr(); g.fmt_b = fb; g.ldb = bv.ld; g.b_layout = bv.layout;
     g.scale_a = sa.data_ptr<float>(); g.scale_a_kind = ka;
     g.scale_b = sb.data_ptr<float>(); g.scale_b_kind = kb_;

@@ -386,10 +386,14 @@ def test_strided_operands():
     w_pad[:, :K] = w
     b_pad = torch.zeros(K, N + 7, dtype=torch.uint8).view(E4M3)
     b_pad[:, :N] = w.t()
-    a_colmajor = a.t().contiguous().t()
+    a_colmajor = a.t().contiguous().t()  # read in place (the C GEMM's K x M layout, as wgrad's dy^T)
+    a_km_pad = torch.zeros(K, M + 11, dtype=torch.uint8).view(E4M3)
+    a_km_pad[:, :M] = a.t()
     b_2 = torch.zeros(K, 2 * N, dtype=torch.uint8).view(E4M3)
     b_2[:, ::2] = w.t()
     for what, aa, bb in [("a padded rows", a_pad[:, :K], w.t()), ("a column-major", a_colmajor, w.t()),
+                         ("a column-major ld>M", a_km_pad[:, :M].t(), w.t()),
+                         ("a column-major, b row-major", a_colmajor, w.t().contiguous()),
                          ("b col-major ld>K", a, w_pad[:, :K].t()), ("b row-major ld>N", a, b_pad[:, :N]),
                          ("b strided", a, b_2[:, ::2])]:
         assert_same_bits(base, fp8mix.scaled_mm(aa, bb, sa, sb), what)

@@ -5,8 +5,8 @@
     wgrad    dW      = dy^T . x  (or x^T . dy for a (K, N) weight)
 
 A Linear keeps W as (N, K) ("out_in"); Hugging Face's Conv1D as (K, N) ("in_out"). The C
-GEMM reads B in either layout, so on the CPU only the wgrad operands differ: out_in
-layers save x and cast dy with its transpose, in_out layers save x^T and cast dy alone.
+GEMM reads A and B row- or column-major, so on the CPU no cast writes a transpose: wgrad
+reads dy^T (out_in) or x^T (in_out) as a transposed view of the one FP8 copy.
 FP8 tensor cores (cuBLASLt) read only "TN": both operands contiguous along the reduction
 dimension. With ``plan.tn`` (CUDA tensors; TN_ON_CPU makes the CPU take the same path, for
 tests) every cast that feeds a B operand also writes its transpose (one pass, the fused
@@ -183,7 +183,7 @@ def input_layout(plan: Plan) -> tuple:
                                   "along the tokens; use fp8mix.Linear layers or another recipe")
     if recipe.granularity("input") == _BLOCK:
         return _BLOCK, False, (_BLOCK if in_out else _BLOCK2D)
-    return _TENSOR, in_out or plan.tn, None
+    return _TENSOR, plan.tn, None
 
 
 def cast_input(m, x2: torch.Tensor, plan: Plan, replay):
@@ -193,7 +193,7 @@ def cast_input(m, x2: torch.Tensor, plan: Plan, replay):
     stochastic rounding from plan.skips[0] (and [3] for a second cast of x)."""
     recipe = plan.recipe
     in_out = plan.layout == "in_out"
-    want_xt = in_out or plan.tn  # in_out: wgrad's A is x^T; tn: wgrad's B must be M-contiguous
+    want_xt = plan.tn  # tn: wgrad's operand from x must be M-contiguous (the C GEMM reads x^T as a view)
     if recipe.granularity("input") == _BLOCK:
         xq, _, x_sinv, _ = _current(x2, plan.fmts[_IN], recipe, _BLOCK, plan.group, sr=_sr(plan, _IN))
         sr2 = _sr(plan, 3)  # the second cast of x has its own random words
@@ -274,16 +274,16 @@ def grad_casts(m, dy2: torch.Tensor, plan: Plan, g_plan, g_slot, rng, want_db: b
     gq, gqt, g_sinv, _, db = ops.grad_cast(
         dy2, fp8_dtype(fmt), plan=g_plan if recipe.delayed() else None, pending=pending,
         slot=g_slot if pending is not None else None, margin=recipe.margin, power_2_scale=recipe.power_2_scale,
-        amax_epsilon=float(getattr(recipe, "amax_epsilon", 0.0)), transpose=not in_out or plan.tn, colsum=want_db,
+        amax_epsilon=float(getattr(recipe, "amax_epsilon", 0.0)), transpose=plan.tn, colsum=want_db,
         **sr)
     return gq, g_sinv, _wgrad_dy(gq, gqt, plan), g_sinv, (db if want_db else None), _TENSOR
 
 
 def _wgrad_dy(gq, gqt, plan: Plan):
-    """dy as wgrad's operand: A = dy^T (out_in); B = dy, or for tn the M-contiguous view of
-    dy^T (in_out)."""
+    """dy as wgrad's operand: A = dy^T (out_in: the C GEMM reads dy's transposed view in
+    place; tn: the cast's transpose); B = dy, or for tn the M-contiguous view of dy^T (in_out)."""
     if plan.layout == "out_in":
-        return gqt
+        return gqt if plan.tn else gq.t()
     return gqt.t() if plan.tn else gq
 
 
@@ -291,12 +291,12 @@ def _grad_casts_distributed(m, dy2, plan: Plan, g_plan, g_slot, sr: dict, want_d
     """grad_casts from parts, with the amax all-reduced over the ranks: for current
     scaling (and a role's first use) before the cast, for delayed scaling after it, so that
     the pending amax (what the next forward records) is the same on every rank."""
-    recipe, fmt, in_out = plan.recipe, plan.fmts[_G], plan.layout == "in_out"
+    recipe, fmt = plan.recipe, plan.fmts[_G]
     if not recipe.delayed() or plan.grad_fresh:
-        gq, gqt, g_sinv, am = _current(dy2, fmt, recipe, _TENSOR, plan.group, transpose=not in_out or plan.tn,
+        gq, gqt, g_sinv, am = _current(dy2, fmt, recipe, _TENSOR, plan.group, transpose=plan.tn,
                                        sr=sr)
     else:
-        gq, gqt, am = ops.cast(dy2, g_plan[0:1], fp8_dtype(fmt), transpose=not in_out or plan.tn, inf_to_nan=True,
+        gq, gqt, am = ops.cast(dy2, g_plan[0:1], fp8_dtype(fmt), transpose=plan.tn, inf_to_nan=True,
                                **sr)
         all_reduce_max(am, plan.group)
         g_sinv = torch.reciprocal(g_plan[0])

@@ -60,8 +60,8 @@ class FP8LinearFunction(torch.autograd.Function):
                 rng, plan: Plan):
         b, sb = _weight_operand(wq, wqt, w_sinv, plan, dgrad=False)
         y = ops.scaled_mm(xq, b, x_sinv, sb, bias=bias, out_dtype=plan.out_dtype, scale_kinds=_kinds(plan))
-        if x_save is None:  # per-tensor recipes of a Linear keep the forward's FP8 x itself
-            x_save, x_save_sinv = xq, x_sinv
+        if x_save is None:  # per-tensor recipes keep the forward's FP8 x itself (in_out: as x^T, a view)
+            x_save, x_save_sinv = (xq.t() if plan.layout == "in_out" else xq), x_sinv
         ctx.save_for_backward(x_save, x_save_sinv, wq, wqt, w_sinv, g_plan, g_slot, rng)
         ctx.plan = plan
         ctx.pending = pending  # a buffer: backward leaves its amax there (mutated in place)
@@ -92,7 +92,7 @@ class FP8LinearFunction(torch.autograd.Function):
             b, sb = _weight_operand(wq, wqt, w_sinv, plan, dgrad=True)
             dx = ops.scaled_mm(gq, b, g_sinv, sb, out_dtype=ctx.x_dtype, scale_kinds=kinds)
         if ctx.needs_input_grad[1]:  # dW = dy^T x (Linear) or x^T dy (in_out)
-            if plan.layout == "in_out":  # A = x^T (K, M) as saved
+            if plan.layout == "in_out":  # A = x^T (K, M): a cast's transpose or a view of x
                 dw = ops.scaled_mm(x_save, gw, x_sinv, gw_sinv, out_dtype=ctx.w_dtype, scale_kinds=kinds)
             else:  # B = x (M, K): for tn the M-contiguous view of the saved x^T
                 bx = x_save.t() if plan.tn else x_save
