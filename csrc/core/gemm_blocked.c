@@ -31,9 +31,15 @@
 
 #include "gemm_internal.h"
 
+#ifndef KC
 #define KC 256                /* K step: a multiple of 128 (block scales), even */
+#endif
+#ifndef MC_TARGET
 #define MC_TARGET 144         /* rows of an A block (rounded to the kernel's MR) */
+#endif
+#ifndef NC_MAX
 #define NC_MAX 2048           /* columns of a B panel                          */
+#endif
 #define ACC_WORDS (2 << 20)   /* accumulator cap for non-float32 outputs       */
 #define MAX_TILE (32 * 32)    /* MR x NR of the widest kernel                   */
 #define GEMM_GRAIN (1 << 22)  /* multiply-adds worth a thread                  */

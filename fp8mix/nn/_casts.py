@@ -24,8 +24,8 @@ from .. import ops
 from ..formats import Format, Granularity, fp8_dtype
 from ..ops import DelayedSpec
 
-__all__ = ["Plan", "forward_casts", "cast_input", "cast_weight", "input_layout", "grad_casts", "delayed_spec",
-           "all_reduce_max"]
+__all__ = ["Plan", "forward_casts", "cast_input", "cast_weight", "recast_weight", "input_layout", "grad_casts",
+           "delayed_spec", "all_reduce_max"]
 
 _IN, _W, _G = 0, 1, 2
 TN_ON_CPU = False  # tests: run the CPU through the tensor-core operand layouts
@@ -36,8 +36,8 @@ class Plan:
     """What one forward call decided, for its backward (and its checkpoint recompute)."""
 
     __slots__ = ("recipe", "group", "out_dtype", "fmts", "record", "layout", "tn", "gemm", "x_scales", "w_scales",
-                 "w_cached", "g_plan", "g_slot", "grad_fresh", "rng", "skips", "monitor", "name", "auto_use", "module",
-                 "region", "replayed_by", "backward_done", "__weakref__")
+                 "w_cached", "w_recast", "g_plan", "g_slot", "grad_fresh", "rng", "skips", "monitor", "name",
+                 "auto_use", "module", "region", "replayed_by", "backward_done", "__weakref__")
 
     def __init__(self, recipe, group, out_dtype, fmts, record: bool, layout: str, gemm: int = 0):
         self.recipe = recipe
@@ -51,6 +51,7 @@ class Plan:
         self.x_scales = None            # delayed: [scale, scale_inv] the input cast used
         self.w_scales = None            # delayed: ... the weight cast used
         self.w_cached = None            # (wq, w_sinv) reused from is_first_microbatch=True
+        self.w_recast = None            # backward re-casts W instead of keeping it: ("scale", s) or ("amax", a)
         self.g_plan = None              # delayed: [grad scale, fresh] for backward
         self.g_slot = None              # delayed, recording: the pending slot backward fills
         self.grad_fresh = False         # Python mirror of g_plan[1] (distributed path only)
@@ -239,17 +240,45 @@ def cast_weight(m, w: torch.Tensor, plan: Plan, replay, is_first_microbatch):
         plan.fmts[_W] = cached[0][1]
         return plan.w_cached
     recipe = plan.recipe
+    w_amax = None
     if recipe.delayed():
         wq, wqt, w_scales = _delayed(m, w, _W, plan, replay, transpose=plan.tn)
         plan.w_scales = w_scales
         w_sinv = w_scales[1]
     else:
-        wq, wqt, w_sinv, _ = _current(w, plan.fmts[_W], recipe, recipe.granularity("weight"), plan.group,
-                                      sr=_sr(plan, _W), transpose=plan.tn)
+        wq, wqt, w_sinv, w_amax = _current(w, plan.fmts[_W], recipe, recipe.granularity("weight"), plan.group,
+                                           sr=_sr(plan, _W), transpose=plan.tn)
     wqt = wqt if plan.tn else None
     if is_first_microbatch:
         m._wcache[plan.gemm] = (_weight_key(m, w, plan), wq, wqt, w_sinv)
+    elif _recasts(m, w, plan):
+        plan.w_recast = ("scale", plan.w_scales[0:1]) if recipe.delayed() else ("amax", w_amax)
     return wq, wqt, w_sinv
+
+
+def _recasts(m, w: torch.Tensor, plan: Plan) -> bool:
+    """Whether backward re-casts the weight rather than keeping its FP8 copy from the forward
+    to the backward: on the CPU for per-tensor weight scales (one more cast of W per step,
+    a few percent of the step's GEMM time from a few hundred rows up, and no FP8 weight held
+    across the step: in a model the weights' FP8 copies are a large part of the peak). A
+    module's ``fp8_recast_weight`` (True / False) overrides this default; CUDA keeps the copy
+    by default, as Transformer Engine does (a launch costs more than the bytes there)."""
+    choice = getattr(m, "fp8_recast_weight", None)
+    if choice is None:
+        choice = w.device.type == "cpu"
+    return bool(choice) and plan.recipe.granularity("weight") == _TENSOR
+
+
+def recast_weight(w: torch.Tensor, plan: Plan):
+    """(wq, wqt): the forward's weight cast again, bit for bit (the same scale, format,
+    rounding words and transpose), for a backward that did not keep it (plan.w_recast)."""
+    kind, v = plan.w_recast
+    recipe, fmt = plan.recipe, fp8_dtype(plan.fmts[_W])
+    if kind == "amax":  # current scaling: the scale the forward's cast derived from this amax
+        v, _ = ops.compute_scale(v.reshape(1), fmt, margin=recipe.margin, power_2_scale=recipe.power_2_scale,
+                                 amax_epsilon=float(getattr(recipe, "amax_epsilon", 0.0)))
+    wq, wqt, _ = ops.cast(w, v, fmt, transpose=plan.tn, inf_to_nan=True, **_sr(plan, _W))
+    return wq, (wqt if plan.tn else None)
 
 
 def grad_casts(m, dy2: torch.Tensor, plan: Plan, g_plan, g_slot, rng, want_db: bool, pending=None):

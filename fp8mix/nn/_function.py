@@ -22,7 +22,7 @@ import torch
 from .. import ops
 from ..formats import Granularity
 from ..ops import MmScale
-from ._casts import Plan, grad_casts
+from ._casts import Plan, grad_casts, recast_weight
 from .observe import observe_grad
 
 __all__ = ["FP8LinearFunction"]
@@ -62,6 +62,8 @@ class FP8LinearFunction(torch.autograd.Function):
         y = ops.scaled_mm(xq, b, x_sinv, sb, bias=bias, out_dtype=plan.out_dtype, scale_kinds=_kinds(plan))
         if x_save is None:  # per-tensor recipes keep the forward's FP8 x itself (in_out: as x^T, a view)
             x_save, x_save_sinv = (xq.t() if plan.layout == "in_out" else xq), x_sinv
+        if plan.w_recast is not None:  # backward casts W again: keep the weight, not its FP8 copy
+            wq, wqt = weight, None
         ctx.save_for_backward(x_save, x_save_sinv, wq, wqt, w_sinv, g_plan, g_slot, rng)
         ctx.plan = plan
         ctx.pending = pending  # a buffer: backward leaves its amax there (mutated in place)
@@ -76,6 +78,9 @@ class FP8LinearFunction(torch.autograd.Function):
     def backward(ctx, dy):
         x_save, x_sinv, wq, wqt, w_sinv, g_plan, g_slot, rng = ctx.saved_tensors
         plan = ctx.plan
+        if plan.w_recast is not None:
+            with torch.no_grad():
+                wq, wqt = recast_weight(wq.detach(), plan)
         if not torch.compiler.is_compiling():
             plan.backward_done = True  # (checkpoint replay bookkeeping, eager only)
         dy2 = dy if dy.dtype in (torch.float32, torch.bfloat16, torch.float16) else dy.float()
