@@ -18,6 +18,7 @@
 typedef struct enc256 {
     __m256i emin, shift0, bexp, mbits, max_code, ovf_code, nan_code;
     __m256i rnd, rebias, min_normal; /* round-to-nearest fast path */
+    __m256i rnd_rebias;               /* encode8_sat: rnd - (rebias << (23 - mbits)) */
     __m256 magic, maxf;
 } enc256;
 
@@ -34,13 +35,14 @@ static inline enc256 enc256_init(const fp8_params *p)
     c.rnd = _mm256_set1_epi32((1 << (22 - p->mbits)) - 1);
     c.rebias = _mm256_set1_epi32((127 - p->bias) << p->mbits);
     c.min_normal = _mm256_set1_epi32((127 + p->emin) << 23);
+    c.rnd_rebias = _mm256_set1_epi32((int32_t)((uint32_t)((1 << (22 - p->mbits)) - 1) - ((uint32_t)(127 - p->bias) << 23)));
     c.magic = _mm256_castsi256_ps(_mm256_set1_epi32((127 + p->emin - p->mbits + 23) << 23));
     c.maxf = _mm256_set1_ps(p->fmt == FP8MIX_E4M3 ? 448.0f : 57344.0f);
     return c;
 }
 
 /* Saturating round to nearest even (the training cast): encode8_rne's
- * bytes in fewer steps.
+ * bytes in fewer steps (the loop is compute-bound on AVX2: every uop counts).
  *  - |y| is clamped to the format's max in float first (MINPS returns its
  *    second operand, |y|, when that is NaN): no overflow compare;
  *  - the normal-path code (integer rounding at the kept mantissa bit, of
@@ -50,8 +52,14 @@ static inline enc256 enc256_init(const fp8_params *p)
  *    normal code, which is >= every subnormal-path code there; above it the
  *    subnormal-path value grows linearly (exponentially in the code) and is
  *    never below the normal code (equal in the smallest normal binade);
+ *    the normal path's exponent rebias is folded into its rounding constant
+ *    (rnd_rebias): its operand is at least the smallest normal, so the sum
+ *    stays non-negative and the shift gives the same code;
  *  - a NaN's codes land above every finite code: min with nan_code;
- *  - with inf_to_nan (i2n), an infinite x's code is raised to nan_code.
+ *  - with inf_to_nan (i2n), |y| = |x| * s + (|x| - |x|) in one FMA: the added
+ *    term is +0 for a finite x (the product's rounding is unchanged) and NaN
+ *    for an infinite one, which then takes the NaN path (a finite x whose
+ *    product overflows still saturates).
  * Takes x's bits, |x|'s bits and the scale; sh (23 - mbits) and i2n are
  * constants after inlining. */
 FP8MIX_INLINE __m256i encode8_sat(const enc256 *c, int sh, int i2n, __m256i xbits, __m256i ax, __m256 s)
@@ -59,18 +67,20 @@ FP8MIX_INLINE __m256i encode8_sat(const enc256 *c, int sh, int i2n, __m256i xbit
     /* |x * s| == |x| * s bit for bit (s > 0; IEEE rounding is symmetric), and
      * the sign of x * s is x's: one abs serves amax and the encoder */
     __m256i sign = _mm256_and_si256(_mm256_srli_epi32(xbits, 24), _mm256_set1_epi32(0x80));
-    __m256 af = _mm256_min_ps(c->maxf, _mm256_mul_ps(_mm256_castsi256_ps(ax), s));
+    __m256 axf = _mm256_castsi256_ps(ax);
+    __m256 af;
+    if (i2n) /* inf - inf is x86's default NaN, negative: clear its sign */
+        af = _mm256_and_ps(_mm256_min_ps(c->maxf, _mm256_fmadd_ps(axf, s, _mm256_sub_ps(axf, axf))),
+                           _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF)));
+    else
+        af = _mm256_min_ps(c->maxf, _mm256_mul_ps(axf, s));
     /* the normal path sees at least the smallest normal: its code is then
      * never below the subnormal path's, which wins the min */
     __m256i a = _mm256_max_epi32(_mm256_castps_si256(af), c->min_normal);
     __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(a, sh), _mm256_set1_epi32(1));
-    __m256i r = _mm256_add_epi32(_mm256_add_epi32(a, c->rnd), lsb);
-    __m256i code = _mm256_sub_epi32(_mm256_srli_epi32(r, sh), c->rebias);
+    __m256i code = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(a, c->rnd_rebias), lsb), sh);
     __m256i sub = _mm256_sub_epi32(_mm256_castps_si256(_mm256_add_ps(af, c->magic)), _mm256_castps_si256(c->magic));
     code = _mm256_min_epu32(_mm256_min_epu32(code, sub), c->nan_code);
-    if (i2n) /* an infinite x (clamped to max_code) becomes nan_code, which exceeds every finite code */
-        code = _mm256_max_epu32(code, _mm256_and_si256(_mm256_cmpeq_epi32(ax, _mm256_set1_epi32(0x7F800000)),
-                                                       c->nan_code));
     return _mm256_or_si256(code, sign);
 }
 
@@ -176,8 +186,8 @@ FP8MIX_INLINE int64_t amax_run_t(const void *x, fp8mix_dtype xt, int64_t n, uint
     return i;
 }
 
-/* The saturating round-to-nearest cast, 32 elements per step; returns how
- * many elements it covered (a multiple of 32). */
+/* The saturating round-to-nearest cast, 16 elements per step; returns how
+ * many elements it covered (a multiple of 16). */
 FP8MIX_INLINE int64_t cast_sat_run_t(const void *x, fp8mix_dtype xt, int sh, int i2n, int64_t n, float scale,
                                      uint8_t *q, uint32_t *amax, const fp8_params *p)
 {
@@ -186,20 +196,22 @@ FP8MIX_INLINE int64_t cast_sat_run_t(const void *x, fp8mix_dtype xt, int sh, int
     const __m256i absmask = _mm256_set1_epi32(0x7FFFFFFF);
     __m256i m = _mm256_setzero_si256();
     int64_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        __m256i code[4];
-#pragma GCC unroll 4
-        for (int u = 0; u < 4; u++) {
+    /* two vectors per step: with four, GCC spills the encoder's constants */
+    for (; i + 16 <= n; i += 16) {
+        __m256i code[2];
+#pragma GCC unroll 2
+        for (int u = 0; u < 2; u++) {
             __m256i xb = _mm256_castps_si256(load8(x, xt, i + 8 * u));
             __m256i av = _mm256_and_si256(xb, absmask);
             m = _mm256_max_epu32(m, av);
             code[u] = encode8_sat(&c, sh, i2n, xb, av, s);
         }
-        __m256i w01 = _mm256_packus_epi32(code[0], code[1]), w23 = _mm256_packus_epi32(code[2], code[3]);
-        /* packs work per 128-bit lane: the dwords (4 codes each) come out as
-         * a0 b0 c0 d0 a1 b1 c1 d1; one permute restores a0 a1 b0 b1 ... */
-        __m256i b = _mm256_packus_epi16(w01, w23);
-        _mm256_storeu_si256((__m256i *)(q + i), _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+        /* packs work per 128-bit lane: the words come out as a0 b0 | a1 b1
+         * (4 codes each); the byte pack gives dwords a0 b0 a1 b1, one shuffle
+         * restores a0 a1 b0 b1 */
+        __m256i w = _mm256_packus_epi32(code[0], code[1]);
+        __m128i bytes = _mm_packus_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+        _mm_storeu_si128((__m128i *)(q + i), _mm_shuffle_epi32(bytes, _MM_SHUFFLE(3, 1, 2, 0)));
     }
     uint32_t lanes[8], mm = *amax;
     _mm256_storeu_si256((__m256i *)lanes, m);
