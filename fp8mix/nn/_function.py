@@ -21,22 +21,14 @@ import torch
 
 from .. import ops
 from ..formats import Granularity
-from ..ops import MmScale
 from ._casts import Plan, grad_casts
 from .observe import observe_grad
 
 __all__ = ["FP8LinearFunction"]
 
-_KINDS = {Granularity.TENSOR: (MmScale.TENSOR, MmScale.TENSOR), Granularity.BLOCK: (MmScale.BLOCK, MmScale.BLOCK)}
-
-
-def _kinds(plan: Plan):
-    return _KINDS[Granularity.BLOCK if plan.recipe.granularity("input") == Granularity.BLOCK else Granularity.TENSOR]
-
-
 def _block_t(s: torch.Tensor, plan: Plan) -> torch.Tensor:
     """A 128x128-block weight scale as the other GEMM operand layout needs it."""
-    return s.t().contiguous() if plan.recipe.granularity("weight") == Granularity.BLOCK2D else s
+    return s.t().contiguous() if plan.consts.w_block2d else s
 
 
 def _weight_operand(wq, wqt, w_sinv, plan: Plan, *, dgrad: bool):
@@ -59,7 +51,7 @@ class FP8LinearFunction(torch.autograd.Function):
     def forward(ctx, x2, weight, bias, xq, x_sinv, x_save, x_save_sinv, wq, wqt, w_sinv, g_plan, g_slot, pending,
                 rng, plan: Plan):
         b, sb = _weight_operand(wq, wqt, w_sinv, plan, dgrad=False)
-        y = ops.scaled_mm(xq, b, x_sinv, sb, bias=bias, out_dtype=plan.out_dtype, scale_kinds=_kinds(plan))
+        y = ops.scaled_mm(xq, b, x_sinv, sb, bias=bias, out_dtype=plan.out_dtype, scale_kinds=plan.consts.kinds)
         if x_save is None:  # per-tensor recipes keep the forward's FP8 x itself (in_out: as x^T, a view)
             x_save, x_save_sinv = (xq.t() if plan.layout == "in_out" else xq), x_sinv
         ctx.save_for_backward(x_save, x_save_sinv, wq, wqt, w_sinv, g_plan, g_slot, rng)
@@ -86,7 +78,7 @@ class FP8LinearFunction(torch.autograd.Function):
             observe_grad(plan, dy2, gq, g_sinv, gran)
         if torch.is_grad_enabled():  # create_graph=True
             return _double_backward(ctx, dy2, gq, g_sinv, x_save, x_sinv, wq, w_sinv, gran)
-        kinds = _kinds(plan)
+        kinds = plan.consts.kinds
         dx = dw = None
         if ctx.needs_input_grad[0]:  # dx = dy W (Linear) or dy W^T (in_out)
             b, sb = _weight_operand(wq, wqt, w_sinv, plan, dgrad=True)
