@@ -1610,3 +1610,75 @@ TORCH_LIBRARY_IMPL(fp8mix, CUDA, m)
     m.impl("delayed_scale_update", &delayed_scale_update_cuda);
 }
 #endif // FP8MIX_WITH_CUDA
+
+// ---- CPU: a linear layer's forward casts in one call (op-level overhead only) ---------
+//
+// What fp8mix.nn's eager forward of a per-tensor recipe runs before its GEMM, as one op:
+// the same kernels, in the same order and with the same arguments as the separate ops
+// (delayed_flush, then delayed_cast of x and of W; or quantize_current of x and of W),
+// so the results are those ops' bit for bit. One op instead of two or three saves the
+// Python-to-dispatcher cost of the others, which is most of the time at small shapes. No
+// policy here: the Python layer decides when it applies (fp8mix/nn/_casts.py). The
+// scale_inv outputs are their own 0-d tensors (a copy of scales[1]), not views.
+namespace {
+
+at::Tensor scalar_copy(const at::Tensor &scales)
+{
+    at::Tensor s = at::empty({}, scales.options());
+    *s.data_ptr<float>() = scales.data_ptr<float>()[1];
+    return s;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
+           at::Tensor>
+linear_delayed_casts_cpu(const at::Tensor &x, const at::Tensor &w, const at::Tensor &hist, const at::Tensor &scale,
+                         const at::Tensor &steps, const at::Tensor &pending, const at::Tensor &next_slot, int64_t gemm,
+                         int64_t history_len, at::ScalarType x_dtype, at::ScalarType w_dtype,
+                         at::ScalarType grad_dtype, int64_t margin, bool pow2, c10::string_view algo, int64_t interval,
+                         bool record, bool reserve, bool transpose, bool inf_to_nan)
+{
+    TORCH_CHECK_VALUE(gemm >= 0, "fp8mix.linear_delayed_casts: gemm must be >= 0, got ", gemm);
+    const c10::optional<at::Tensor> none;
+    auto g = delayed_flush_cpu(hist, scale, steps, pending, next_slot, 3 * gemm + 2, history_len, grad_dtype, margin,
+                               pow2, algo, interval, record, reserve);
+    auto xc = delayed_cast_cpu(x, hist, scale, steps, 3 * gemm, history_len, x_dtype, margin, pow2, algo, interval,
+                               record, transpose, inf_to_nan, none, none, 0);
+    auto wc = delayed_cast_cpu(w, hist, scale, steps, 3 * gemm + 1, history_len, w_dtype, margin, pow2, algo, interval,
+                               record, transpose, inf_to_nan, none, none, 0);
+    const at::Tensor &xs = std::get<2>(xc), &ws = std::get<2>(wc);
+    return {std::get<0>(xc), std::get<1>(xc), xs, scalar_copy(xs), std::get<0>(wc), std::get<1>(wc), ws,
+            scalar_copy(ws), std::get<0>(g), std::get<1>(g)};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+linear_current_casts_cpu(const at::Tensor &x, const at::Tensor &w, at::ScalarType x_dtype, at::ScalarType w_dtype,
+                         int64_t margin, bool pow2, double eps, bool transpose, bool inf_to_nan)
+{
+    const c10::optional<at::Tensor> none;
+    auto xc = quantize_current_cpu(x, x_dtype, FP8MIX_GRAN_TENSOR, margin, pow2, eps, true, false, 0, 0, true,
+                                   transpose, inf_to_nan, none, 0);
+    auto wc = quantize_current_cpu(w, w_dtype, FP8MIX_GRAN_TENSOR, margin, pow2, eps, true, false, 0, 0, true,
+                                   transpose, inf_to_nan, none, 0);
+    return {std::get<0>(xc), std::get<1>(xc), std::get<2>(xc), std::get<0>(wc), std::get<1>(wc), std::get<2>(wc)};
+}
+
+} // namespace
+
+TORCH_LIBRARY_FRAGMENT(fp8mix, m)
+{
+    m.def("linear_delayed_casts(Tensor x, Tensor w, Tensor(a!) amax_history, Tensor(b!) scale, Tensor(c!) steps, "
+          "Tensor(d!) pending, Tensor(e!) next_slot, int gemm, int history_len, ScalarType x_dtype, "
+          "ScalarType w_dtype, ScalarType grad_dtype, int margin=0, bool power_2_scale=False, "
+          "str amax_compute_algo='max', int interval=1, bool record=True, bool reserve=True, bool transpose=False, "
+          "bool inf_to_nan=True) -> (Tensor xq, Tensor xqt, Tensor x_scales, Tensor x_scale_inv, Tensor wq, "
+          "Tensor wqt, Tensor w_scales, Tensor w_scale_inv, Tensor grad_plan, Tensor grad_slot)");
+    m.def("linear_current_casts(Tensor x, Tensor w, ScalarType x_dtype, ScalarType w_dtype, int margin=0, "
+          "bool power_2_scale=False, float amax_epsilon=0.0, bool transpose=False, bool inf_to_nan=True) "
+          "-> (Tensor xq, Tensor xqt, Tensor x_scale_inv, Tensor wq, Tensor wqt, Tensor w_scale_inv)");
+}
+
+TORCH_LIBRARY_IMPL(fp8mix, CPU, m)
+{
+    m.impl("linear_delayed_casts", &linear_delayed_casts_cpu);
+    m.impl("linear_current_casts", &linear_current_casts_cpu);
+}

@@ -22,7 +22,7 @@ _ops = torch.ops.fp8mix
 __all__ = ["cast", "quantize_current", "quantize_mx", "amax", "compute_scale", "dequantize", "scaled_mm", "quant_stats",
            "delayed_cast", "delayed_record", "delayed_rescale", "delayed_flush", "grad_cast", "DelayedSpec",
            "MmScale", "cpu_isa", "set_max_isa", "scale_shape", "has_kernels", "NormKind", "Act", "norm_cast",
-           "norm_delayed_cast", "act_cast", "act_delayed_cast"]
+           "norm_delayed_cast", "act_cast", "act_delayed_cast", "linear_delayed_casts", "linear_current_casts"]
 
 
 class MmScale(enum.IntEnum):
@@ -203,6 +203,29 @@ def grad_cast(dy: torch.Tensor, fp8_dtype: torch.dtype, *, plan: Optional[torch.
     (max over backwards); colsum is the bias gradient (column sums in float32)."""
     return _ops.grad_cast(dy, fp8_dtype, plan, pending, slot, margin, power_2_scale, amax_epsilon, transpose,
                           colsum, inf_to_nan, rng, rng_skip)
+
+
+# ---- a linear layer's forward casts in one call (CPU; fewer dispatches per layer) -------
+
+def linear_delayed_casts(x: torch.Tensor, w: torch.Tensor, history: torch.Tensor, scale: torch.Tensor,
+                         steps: torch.Tensor, pending: torch.Tensor, next_slot: torch.Tensor, *, gemm: int,
+                         x_dtype: torch.dtype, w_dtype: torch.dtype, grad_dtype: torch.dtype, spec: DelayedSpec,
+                         record: bool, reserve: bool, transpose: bool = False, inf_to_nan: bool = True):
+    """delayed_flush of GEMM `gemm`'s grad_output role, then delayed_cast of x (role 3 gemm)
+    and of w (3 gemm + 1), as one op with the same results: (xq, xqt, x_scales, x_scale_inv,
+    wq, wqt, w_scales, w_scale_inv, grad_plan, grad_slot). Round to nearest."""
+    return _ops.linear_delayed_casts(x, w, history, scale, steps, pending, next_slot, gemm, spec.history_len, x_dtype,
+                                     w_dtype, grad_dtype, spec.margin, spec.power_2_scale, spec.algo, spec.interval,
+                                     record, reserve, transpose, inf_to_nan)
+
+
+def linear_current_casts(x: torch.Tensor, w: torch.Tensor, *, x_dtype: torch.dtype, w_dtype: torch.dtype,
+                         margin: int = 0, power_2_scale: bool = False, amax_epsilon: float = 0.0,
+                         transpose: bool = False, inf_to_nan: bool = True):
+    """quantize_current of x and of w (per tensor), as one op with the same results:
+    (xq, xqt, x_scale_inv, wq, wqt, w_scale_inv). Round to nearest."""
+    return _ops.linear_current_casts(x, w, x_dtype, w_dtype, margin, power_2_scale, amax_epsilon, transpose,
+                                     inf_to_nan)
 
 
 # ---- fused producer casts: a norm / an activation written as FP8 (csrc/core/norm.c, act.c) ----
@@ -400,6 +423,27 @@ def _grad_cast_fake(dy, fp8_dtype, plan=None, pending=None, slot=None, margin=0,
     qt = dy.new_empty((cols, rows) if transpose else (0,), dtype=fp8_dtype)
     return (dy.new_empty(dy.shape, dtype=fp8_dtype), qt, dy.new_empty((), dtype=torch.float32),
             dy.new_empty((), dtype=torch.float32), dy.new_empty((cols if colsum else 0,), dtype=torch.float32))
+
+
+@torch.library.register_fake("fp8mix::linear_delayed_casts")
+def _linear_delayed_casts_fake(x, w, amax_history, scale, steps, pending, next_slot, gemm, history_len, x_dtype,
+                               w_dtype, grad_dtype, margin=0, power_2_scale=False, amax_compute_algo="max",
+                               interval=1, record=True, reserve=True, transpose=False, inf_to_nan=True):
+    xq, xqt, xs, _ = _delayed_cast_fake(x, amax_history, scale, steps, 3 * gemm, history_len, x_dtype,
+                                        transpose=transpose)
+    wq, wqt, ws, _ = _delayed_cast_fake(w, amax_history, scale, steps, 3 * gemm + 1, history_len, w_dtype,
+                                        transpose=transpose)
+    plan, slot = _delayed_flush_fake(amax_history, scale, steps, pending, next_slot)
+    f32 = torch.float32
+    return xq, xqt, xs, x.new_empty((), dtype=f32), wq, wqt, ws, w.new_empty((), dtype=f32), plan, slot
+
+
+@torch.library.register_fake("fp8mix::linear_current_casts")
+def _linear_current_casts_fake(x, w, x_dtype, w_dtype, margin=0, power_2_scale=False, amax_epsilon=0.0,
+                               transpose=False, inf_to_nan=True):
+    xq, xqt, xs, _ = _quantize_current_fake(x, x_dtype, 0, transpose=transpose)
+    wq, wqt, ws, _ = _quantize_current_fake(w, w_dtype, 0, transpose=transpose)
+    return xq, xqt, xs, wq, wqt, ws
 
 
 def _fused_fakes(x, sizes, fp8_dtype, granularity, want_q, transpose, hp_dtype, scales_len=None):

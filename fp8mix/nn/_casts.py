@@ -40,7 +40,7 @@ class Plan:
 
     __slots__ = ("recipe", "group", "out_dtype", "fmts", "record", "layout", "tn", "gemm", "x_scales", "w_scales",
                  "w_cached", "g_plan", "g_slot", "grad_fresh", "rng", "skips", "monitor", "name", "auto_use", "module",
-                 "region", "replayed_by", "backward_done", "consts", "__weakref__")
+                 "region", "replayed_by", "backward_done", "consts", "one_op", "__weakref__")
 
     def __init__(self, recipe, group, out_dtype, fmts, record: bool, layout: str, gemm: int = 0):
         self.recipe = recipe
@@ -65,6 +65,7 @@ class Plan:
         self.auto_use = -1              # Format.AUTO: the grad_output use backward evaluates
         self.module = None              # the module (AUTO votes and observers in backward)
         self.backward_done = False
+        self.one_op = False             # the forward casts run as one op (one_op_casts)
 
     def role(self, local: int) -> int:
         """The module-state index of this GEMM's role `local` (0 input, 1 weight, 2 grad_output)."""
@@ -83,7 +84,7 @@ class RecipeConsts:
     DelayedSpec, formats, granularities) on each call."""
 
     __slots__ = ("delayed", "fmts", "dtypes", "spec", "stochastic", "eps", "block", "g_block", "kinds", "w_block2d",
-                 "python_algo")
+                 "python_algo", "one_op")
 
     def __init__(self, recipe):
         self.delayed = recipe.delayed()
@@ -99,6 +100,9 @@ class RecipeConsts:
         mm = ops.MmScale.BLOCK if self.block else ops.MmScale.TENSOR
         self.kinds = (mm, mm)
         self.w_block2d = recipe.granularity("weight") == _BLOCK2D
+        # whether x's and W's casts can be one op (ops.linear_delayed_casts / linear_current_casts)
+        per_tensor = all(recipe.granularity(r) == _TENSOR for r in ROLES) and not recipe.along_reduction()
+        self.one_op = per_tensor and not self.python_algo
 
 
 def recipe_consts(recipe) -> RecipeConsts:
@@ -230,6 +234,33 @@ def python_algo_scale(m, role: int, recipe, fmt: Format, before: torch.Tensor) -
     base = torch.where((steps == 1) & (h[0:1] > 0), s_first, before)   # the first record scales from itself
     due = torch.isfinite(a) & (a > 0) & (steps % recipe.interval == 0)
     m.fp8_scale[role:role + 1] = torch.where(due, s_algo, base)
+
+
+def one_op_casts(m, x2: torch.Tensor, w: torch.Tensor, plan: Plan, wants_grad: bool, is_first_microbatch):
+    """What cast_input and cast_weight return (and leave in the plan and the weight cache),
+    with delayed scaling's flush of the grad_output role before them (_forward._grad_plan),
+    as one op of the same kernels in the same order: for a plan with ``plan.one_op`` (eager,
+    CPU, per-tensor scaling rounded to nearest, no process group, no replay, W cast now)."""
+    c, g = plan.consts, plan.gemm
+    if c.delayed:
+        b = m._buffers
+        pending, slot = grad_state(m, g)
+        (xq, xqt, plan.x_scales, x_sinv, wq, wqt, plan.w_scales, w_sinv, plan.g_plan,
+         plan.g_slot) = ops.linear_delayed_casts(
+            x2, w, b["fp8_amax_history"], b["fp8_scale"], b["fp8_steps"], pending, slot, gemm=g,
+            x_dtype=fmt_dtype(plan, _IN), w_dtype=fmt_dtype(plan, _W), grad_dtype=fmt_dtype(plan, _G), spec=c.spec,
+            record=plan.record, reserve=plan.record and wants_grad, transpose=plan.tn)
+        plan.grad_fresh = m._maybe_fresh[3 * g + 2]
+    else:
+        r = plan.recipe
+        xq, xqt, x_sinv, wq, wqt, w_sinv = ops.linear_current_casts(
+            x2, w, x_dtype=fmt_dtype(plan, _IN), w_dtype=fmt_dtype(plan, _W), margin=r.margin,
+            power_2_scale=r.power_2_scale, amax_epsilon=c.eps, transpose=plan.tn)
+    x_save, x_save_sinv = (xqt, x_sinv) if plan.tn else (None, None)
+    wqt = wqt if plan.tn else None
+    if is_first_microbatch:
+        m._wcache[g] = (_weight_key(m, w, plan), wq, wqt, w_sinv)
+    return xq, x_sinv, x_save, x_save_sinv, wq, wqt, w_sinv
 
 
 def forward_casts(m, x2: torch.Tensor, w: torch.Tensor, plan: Plan, replay, is_first_microbatch):

@@ -181,8 +181,9 @@ def fp8_forward(m, x: torch.Tensor, weight: torch.Tensor, bias, *, layout: str, 
         return hp_forward(x)
     x2 = x if x.dim() == 2 else x.reshape(-1, in_features)
     wants_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+    one_op_ok = input_cast is None and is_first_microbatch is not False and x2.is_cpu
     plan = _make_plan(m, x2, weight, frame, replay, recompute, layout, is_first_microbatch, wants_grad,
-                      hp_out_dtype(x, weight.dtype), gemm)
+                      hp_out_dtype(x, weight.dtype), gemm, one_op_ok)
     if plan.recipe.along_reduction():
         if input_cast is not None:
             input_layout(plan)  # raises: the fused producer casts have no along-reduction layout
@@ -191,12 +192,16 @@ def fp8_forward(m, x: torch.Tensor, weight: torch.Tensor, bias, *, layout: str, 
         y2 = axis_forward(m, x2, weight, bias, plan, is_first_microbatch, wants_grad)
         return y2 if x2 is x else y2.reshape(*x.shape[:-1], out_features)
     with torch.no_grad():
-        if input_cast is None:
-            xq, x_sinv, x_save, x_save_sinv = cast_input(m, x2.detach(), plan, replay)
+        if plan.one_op:
+            xq, x_sinv, x_save, x_save_sinv, wq, wqt, w_sinv = _casts.one_op_casts(
+                m, x2.detach(), weight.detach(), plan, wants_grad, is_first_microbatch)
         else:
-            with torch.enable_grad():
-                x2, xq, x_sinv, x_save, x_save_sinv = input_cast(m, x2, plan, replay)
-        wq, wqt, w_sinv = cast_weight(m, weight.detach(), plan, replay, is_first_microbatch)
+            if input_cast is None:
+                xq, x_sinv, x_save, x_save_sinv = cast_input(m, x2.detach(), plan, replay)
+            else:
+                with torch.enable_grad():
+                    x2, xq, x_sinv, x_save, x_save_sinv = input_cast(m, x2, plan, replay)
+            wq, wqt, w_sinv = cast_weight(m, weight.detach(), plan, replay, is_first_microbatch)
         if plan.monitor is not None:
             monitor_forward(m, plan, x2.detach(), xq, x_sinv, wq, w_sinv, is_first_microbatch is not False)
     if plan.record and wants_grad and not recompute and under_saved_tensor_hooks():
@@ -208,9 +213,11 @@ def fp8_forward(m, x: torch.Tensor, weight: torch.Tensor, bias, *, layout: str, 
 
 
 def _make_plan(m, x2, weight, frame, replay, recompute: bool, layout: str, is_first_microbatch, wants_grad: bool,
-               out_dtype, gemm: int) -> Plan:
+               out_dtype, gemm: int, one_op_ok: bool = False) -> Plan:
     """This call's decisions: a replay's, or the recipe's with the module's FP8 state (a
-    training forward records; anything else only reads)."""
+    training forward records; anything else only reads). one_op_ok: the caller's part of
+    whether the forward casts may run as one op (plan.one_op; then the delayed flush runs
+    inside it, not here)."""
     eager = not torch.compiler.is_compiling()
     weight_cast = is_first_microbatch is not False
     if replay is not None:
@@ -240,9 +247,11 @@ def _make_plan(m, x2, weight, frame, replay, recompute: bool, layout: str, is_fi
     else:
         _plan_rounding(m, plan, x2.shape[0], x2.shape[1], weight.numel() // x2.shape[1], weight_cast, wants_grad,
                        grad_if_training=x2.requires_grad or weight.requires_grad)
+        plan.one_op = one_op_ok and eager and consts.one_op and group is None and not plan.skips
         if consts.delayed:
             m._ensure_history(consts.spec.history_len)
-            _grad_plan(m, plan, wants_grad)
+            if not plan.one_op:
+                _grad_plan(m, plan, wants_grad)
     if monitor is not None and eager and record and monitor.sampling:
         plan.monitor, plan.name = monitor, m._fp8_label()
     return plan
