@@ -207,8 +207,8 @@ def fp8_forward(m, x: torch.Tensor, weight: torch.Tensor, bias, *, layout: str, 
     if plan.record and wants_grad and not recompute and under_saved_tensor_hooks():
         m._replay[gemm].push(plan)  # a checkpoint may recompute this forward: it will repeat this plan
     pending = m._buffers["fp8_grad_pending"] if (plan.record and plan.consts.delayed) else None
-    y2 = FP8LinearFunction.apply(x2, weight, bias, xq, x_sinv, x_save, x_save_sinv, wq, wqt, w_sinv, plan.g_plan,
-                                 plan.g_slot, pending, plan.rng, plan)
+    fp8 = (xq, x_sinv, x_save, x_save_sinv, wq, wqt, w_sinv, plan.g_plan, plan.g_slot, pending, plan.rng)
+    y2 = FP8LinearFunction.apply(x2, weight, bias, fp8, plan)
     return y2 if x2 is x else y2.reshape(*x.shape[:-1], out_features)
 
 

@@ -48,8 +48,10 @@ class FP8LinearFunction(torch.autograd.Function):
     """y = x W^T + b (W as (N, K)) or x W + b (W as (K, N), layout "in_out")."""
 
     @staticmethod
-    def forward(ctx, x2, weight, bias, xq, x_sinv, x_save, x_save_sinv, wq, wqt, w_sinv, g_plan, g_slot, pending,
-                rng, plan: Plan):
+    def forward(ctx, x2, weight, bias, fp8: tuple, plan: Plan):
+        # fp8: the FP8 operands and state (none of them requires grad) as one argument, not
+        # eleven: autograd.Function.apply's cost grows with its argument count
+        xq, x_sinv, x_save, x_save_sinv, wq, wqt, w_sinv, g_plan, g_slot, pending, rng = fp8
         b, sb = _weight_operand(wq, wqt, w_sinv, plan, dgrad=False)
         y = ops.scaled_mm(xq, b, x_sinv, sb, bias=bias, out_dtype=plan.out_dtype, scale_kinds=plan.consts.kinds)
         if x_save is None:  # per-tensor recipes keep the forward's FP8 x itself (in_out: as x^T, a view)
@@ -91,7 +93,7 @@ class FP8LinearFunction(torch.autograd.Function):
                 dw = ops.scaled_mm(gw, bx, gw_sinv, x_sinv, out_dtype=ctx.w_dtype, scale_kinds=kinds)
         if db is not None and ctx.bias_dtype != torch.float32:
             db = db.to(ctx.bias_dtype)
-        return dx, dw, db, None, None, None, None, None, None, None, None, None, None, None, None
+        return dx, dw, db, None, None
 
 
 def _engine_wants(t) -> bool:
@@ -133,4 +135,4 @@ def _double_backward(ctx, dy2, gq, g_sinv, x_save, x_sinv, wq, w_sinv, gran):
                            "create_graph=True) for gradient penalties), or run this layer outside fp8_autocast")
     if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
         db = dyd.sum(0).to(ctx.bias_dtype)
-    return dx, dw, db, None, None, None, None, None, None, None, None, None, None, None, None
+    return dx, dw, db, None, None
