@@ -1611,15 +1611,17 @@ TORCH_LIBRARY_IMPL(fp8mix, CUDA, m)
 }
 #endif // FP8MIX_WITH_CUDA
 
-// ---- CPU: a linear layer's forward casts in one call (op-level overhead only) ---------
+// ---- CPU: a linear layer's forward casts, and its backward, in one call each -----------
 //
-// What fp8mix.nn's eager forward of a per-tensor recipe runs before its GEMM, as one op:
-// the same kernels, in the same order and with the same arguments as the separate ops
-// (delayed_flush, then delayed_cast of x and of W; or quantize_current of x and of W),
-// so the results are those ops' bit for bit. One op instead of two or three saves the
-// Python-to-dispatcher cost of the others, which is most of the time at small shapes. No
-// policy here: the Python layer decides when it applies (fp8mix/nn/_casts.py). The
-// scale_inv outputs are their own 0-d tensors (a copy of scales[1]), not views.
+// What fp8mix.nn's eager step of a per-tensor recipe runs before its forward GEMM, and in
+// its backward, as one op each: the same functions, in the same order and with the same
+// arguments as the separate ops (delayed_flush, then delayed_cast of x and of W; or
+// quantize_current of x and of W; grad_cast, then the dgrad and wgrad scaled_mm_cpu), so
+// the results are those ops' bit for bit. One op instead of two or three saves the
+// Python-to-dispatcher cost of the others (about 10 us each), most of a layer's time at
+// small shapes. No policy here: the Python layer decides when they apply
+// (fp8mix/nn/_casts.py, _function.py). scale_inv outputs are their own 0-d tensors (a copy
+// of scales[1]), not views of another output.
 namespace {
 
 at::Tensor scalar_copy(const at::Tensor &scales)
@@ -1662,10 +1664,37 @@ linear_current_casts_cpu(const at::Tensor &x, const at::Tensor &w, at::ScalarTyp
     return {std::get<0>(xc), std::get<1>(xc), std::get<2>(xc), std::get<0>(wc), std::get<1>(wc), std::get<2>(wc)};
 }
 
+// A linear layer's backward (W as (N, K), x kept as (M, K), per-tensor scales): grad_cast
+// of dy, then dgrad dx = dy W and wgrad dW = dy^T x with scaled_mm_cpu, as one op (the
+// same calls in the same order as the separate ops; dy^T is the cast's transposed view).
+// dx / dW are empty when not wanted. Returns (dx, dW, colsum of dy, dy's FP8, scale_inv).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+linear_backward_cpu(const at::Tensor &dy, const at::Tensor &wq, const at::Tensor &w_sinv, const at::Tensor &xq,
+                    const at::Tensor &x_sinv, at::ScalarType fp8_dtype, const c10::optional<at::Tensor> &plan,
+                    const c10::optional<at::Tensor> &pending, const c10::optional<at::Tensor> &slot, int64_t margin,
+                    bool pow2, double eps, bool colsum, bool want_dx, bool want_dw, at::ScalarType dx_dtype,
+                    at::ScalarType dw_dtype)
+{
+    const c10::optional<at::Tensor> none;
+    auto gc = grad_cast_cpu(dy, fp8_dtype, plan, pending, slot, margin, pow2, eps, false, colsum, true, none, 0);
+    const at::Tensor &gq = std::get<0>(gc), &g_sinv = std::get<2>(gc);
+    const int64_t t = FP8MIX_MM_SCALE_TENSOR;
+    at::Tensor dx = want_dx ? scaled_mm_cpu(gq, wq, g_sinv, w_sinv, none, dx_dtype, "fp32", 128, t, t)
+                            : at::empty({0}, dy.options().dtype(dx_dtype));
+    at::Tensor dw = want_dw ? scaled_mm_cpu(gq.t(), xq, g_sinv, x_sinv, none, dw_dtype, "fp32", 128, t, t)
+                            : at::empty({0}, dy.options().dtype(dw_dtype));
+    return {dx, dw, std::get<4>(gc), gq, g_sinv};
+}
+
 } // namespace
 
 TORCH_LIBRARY_FRAGMENT(fp8mix, m)
 {
+    m.def("linear_backward(Tensor dy, Tensor wq, Tensor w_scale_inv, Tensor xq, Tensor x_scale_inv, "
+          "ScalarType fp8_dtype, Tensor? plan=None, Tensor(a!)? pending=None, Tensor? slot=None, int margin=0, "
+          "bool power_2_scale=False, float amax_epsilon=0.0, bool colsum=False, bool want_dx=True, "
+          "bool want_dw=True, ScalarType dx_dtype=float, ScalarType dw_dtype=float) "
+          "-> (Tensor dx, Tensor dw, Tensor colsum, Tensor gq, Tensor scale_inv)");
     m.def("linear_delayed_casts(Tensor x, Tensor w, Tensor(a!) amax_history, Tensor(b!) scale, Tensor(c!) steps, "
           "Tensor(d!) pending, Tensor(e!) next_slot, int gemm, int history_len, ScalarType x_dtype, "
           "ScalarType w_dtype, ScalarType grad_dtype, int margin=0, bool power_2_scale=False, "
@@ -1681,4 +1710,5 @@ TORCH_LIBRARY_IMPL(fp8mix, CPU, m)
 {
     m.impl("linear_delayed_casts", &linear_delayed_casts_cpu);
     m.impl("linear_current_casts", &linear_current_casts_cpu);
+    m.impl("linear_backward", &linear_backward_cpu);
 }

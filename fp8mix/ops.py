@@ -22,7 +22,8 @@ _ops = torch.ops.fp8mix
 __all__ = ["cast", "quantize_current", "quantize_mx", "amax", "compute_scale", "dequantize", "scaled_mm", "quant_stats",
            "delayed_cast", "delayed_record", "delayed_rescale", "delayed_flush", "grad_cast", "DelayedSpec",
            "MmScale", "cpu_isa", "set_max_isa", "scale_shape", "has_kernels", "NormKind", "Act", "norm_cast",
-           "norm_delayed_cast", "act_cast", "act_delayed_cast", "linear_delayed_casts", "linear_current_casts"]
+           "norm_delayed_cast", "act_cast", "act_delayed_cast", "linear_delayed_casts", "linear_current_casts",
+           "linear_backward"]
 
 
 class MmScale(enum.IntEnum):
@@ -226,6 +227,19 @@ def linear_current_casts(x: torch.Tensor, w: torch.Tensor, *, x_dtype: torch.dty
     (xq, xqt, x_scale_inv, wq, wqt, w_scale_inv). Round to nearest."""
     return _ops.linear_current_casts(x, w, x_dtype, w_dtype, margin, power_2_scale, amax_epsilon, transpose,
                                      inf_to_nan)
+
+
+def linear_backward(dy: torch.Tensor, wq: torch.Tensor, w_scale_inv: torch.Tensor, xq: torch.Tensor,
+                    x_scale_inv: torch.Tensor, *, fp8_dtype: torch.dtype, plan: Optional[torch.Tensor] = None,
+                    pending: Optional[torch.Tensor] = None, slot: Optional[torch.Tensor] = None, margin: int = 0,
+                    power_2_scale: bool = False, amax_epsilon: float = 0.0, colsum: bool = False,
+                    want_dx: bool = True, want_dw: bool = True, dx_dtype: torch.dtype = torch.float32,
+                    dw_dtype: torch.dtype = torch.float32):
+    """A Linear's backward with per-tensor scales as one op: grad_cast of dy (plan, pending,
+    slot as grad_cast takes them), dx = dy W and dW = dy^T x (scaled_mm, W (N, K) and x (M, K)
+    in FP8): (dx, dW, colsum, dy's FP8, its scale_inv); dx / dW empty when not wanted."""
+    return _ops.linear_backward(dy, wq, w_scale_inv, xq, x_scale_inv, fp8_dtype, plan, pending, slot, margin,
+                                power_2_scale, amax_epsilon, colsum, want_dx, want_dw, dx_dtype, dw_dtype)
 
 
 # ---- fused producer casts: a norm / an activation written as FP8 (csrc/core/norm.c, act.c) ----
@@ -444,6 +458,16 @@ def _linear_current_casts_fake(x, w, x_dtype, w_dtype, margin=0, power_2_scale=F
     xq, xqt, xs, _ = _quantize_current_fake(x, x_dtype, 0, transpose=transpose)
     wq, wqt, ws, _ = _quantize_current_fake(w, w_dtype, 0, transpose=transpose)
     return xq, xqt, xs, wq, wqt, ws
+
+
+@torch.library.register_fake("fp8mix::linear_backward")
+def _linear_backward_fake(dy, wq, w_scale_inv, xq, x_scale_inv, fp8_dtype, plan=None, pending=None, slot=None,
+                          margin=0, power_2_scale=False, amax_epsilon=0.0, colsum=False, want_dx=True, want_dw=True,
+                          dx_dtype=torch.float32, dw_dtype=torch.float32):
+    gq, _, sinv, _, cs = _grad_cast_fake(dy, fp8_dtype, colsum=colsum)
+    dx = dy.new_empty((dy.shape[0], wq.shape[1]) if want_dx else (0,), dtype=dx_dtype)
+    dw = dy.new_empty((dy.shape[1], xq.shape[1]) if want_dw else (0,), dtype=dw_dtype)
+    return dx, dw, cs, gq, sinv
 
 
 def _fused_fakes(x, sizes, fp8_dtype, granularity, want_q, transpose, hp_dtype, scales_len=None):

@@ -370,15 +370,23 @@ def grad_casts(m, dy2: torch.Tensor, plan: Plan, g_plan, g_slot, rng, want_db: b
         return gq, g_sinv, gw, gw_sinv, db, _BLOCK
     if plan.group is not None:  # every rank the same scale, and the same amax left pending
         return _grad_casts_distributed(m, dy2, plan, g_plan, g_slot, sr, want_db, pending)
+    fdt, g_plan, pending, g_slot = grad_operands(m, plan, g_plan, g_slot, pending)
+    gq, gqt, g_sinv, _, db = ops.grad_cast(
+        dy2, fdt, plan=g_plan, pending=pending, slot=g_slot, margin=recipe.margin,
+        power_2_scale=recipe.power_2_scale, amax_epsilon=c.eps, transpose=plan.tn, colsum=want_db, **sr)
+    return gq, g_sinv, _wgrad_dy(gq, gqt, plan), g_sinv, (db if want_db else None), _TENSOR
+
+
+def grad_operands(m, plan: Plan, g_plan, g_slot, pending):
+    """grad_cast's fp8_dtype, plan, pending and slot arguments for this backward: delayed
+    scaling's plan (else None: current scaling), and, for a recording forward's backward,
+    this GEMM's pending amax slot (else None)."""
+    c = plan.consts
     if pending is not None and plan.record and c.delayed:  # this GEMM's row of the pending amaxes
         pending = grad_state(m, plan.gemm)[0] if pending is m._buffers["fp8_grad_pending"] else pending[plan.gemm]
     else:
         pending = None
-    gq, gqt, g_sinv, _, db = ops.grad_cast(
-        dy2, fmt_dtype(plan, _G), plan=g_plan if c.delayed else None, pending=pending,
-        slot=g_slot if pending is not None else None, margin=recipe.margin, power_2_scale=recipe.power_2_scale,
-        amax_epsilon=c.eps, transpose=plan.tn, colsum=want_db, **sr)
-    return gq, g_sinv, _wgrad_dy(gq, gqt, plan), g_sinv, (db if want_db else None), _TENSOR
+    return fmt_dtype(plan, _G), (g_plan if c.delayed else None), pending, (g_slot if pending is not None else None)
 
 
 def _wgrad_dy(gq, gqt, plan: Plan):

@@ -191,18 +191,19 @@ def fp8_forward(m, x: torch.Tensor, weight: torch.Tensor, bias, *, layout: str, 
             m._replay[gemm].push(plan)
         y2 = axis_forward(m, x2, weight, bias, plan, is_first_microbatch, wants_grad)
         return y2 if x2 is x else y2.reshape(*x.shape[:-1], out_features)
-    with torch.no_grad():
-        if plan.one_op:
-            xq, x_sinv, x_save, x_save_sinv, wq, wqt, w_sinv = _casts.one_op_casts(
-                m, x2.detach(), weight.detach(), plan, wants_grad, is_first_microbatch)
-        else:
+    if plan.one_op:  # one op on detached tensors: nothing to keep out of autograd, no no_grad() needed
+        xq, x_sinv, x_save, x_save_sinv, wq, wqt, w_sinv = _casts.one_op_casts(
+            m, x2.detach(), weight.detach(), plan, wants_grad, is_first_microbatch)
+    else:
+        with torch.no_grad():
             if input_cast is None:
                 xq, x_sinv, x_save, x_save_sinv = cast_input(m, x2.detach(), plan, replay)
             else:
                 with torch.enable_grad():
                     x2, xq, x_sinv, x_save, x_save_sinv = input_cast(m, x2, plan, replay)
             wq, wqt, w_sinv = cast_weight(m, weight.detach(), plan, replay, is_first_microbatch)
-        if plan.monitor is not None:
+    if plan.monitor is not None:
+        with torch.no_grad():
             monitor_forward(m, plan, x2.detach(), xq, x_sinv, wq, w_sinv, is_first_microbatch is not False)
     if plan.record and wants_grad and not recompute and under_saved_tensor_hooks():
         m._replay[gemm].push(plan)  # a checkpoint may recompute this forward: it will repeat this plan

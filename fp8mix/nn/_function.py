@@ -21,7 +21,7 @@ import torch
 
 from .. import ops
 from ..formats import Granularity
-from ._casts import Plan, grad_casts
+from ._casts import Plan, grad_casts, grad_operands
 from .observe import observe_grad
 
 __all__ = ["FP8LinearFunction"]
@@ -74,6 +74,8 @@ class FP8LinearFunction(torch.autograd.Function):
             plan.backward_done = True  # (checkpoint replay bookkeeping, eager only)
         dy2 = dy if dy.dtype in (torch.float32, torch.bfloat16, torch.float16) else dy.float()
         want_db = ctx.bias_dtype is not None and ctx.needs_input_grad[2]
+        if plan.one_op and plan.layout == "out_in" and not plan.tn and not torch.is_grad_enabled():
+            return _one_op_backward(ctx, plan, dy2, x_save, x_sinv, wq, w_sinv, g_plan, g_slot, want_db)
         gq, g_sinv, gw, gw_sinv, db, gran = grad_casts(plan.module, dy2, plan, g_plan, g_slot, rng, want_db,
                                                        ctx.pending)
         if not torch.compiler.is_compiling() and plan.record:
@@ -94,6 +96,24 @@ class FP8LinearFunction(torch.autograd.Function):
         if db is not None and ctx.bias_dtype != torch.float32:
             db = db.to(ctx.bias_dtype)
         return dx, dw, db, None, None
+
+
+def _one_op_backward(ctx, plan: Plan, dy2, x_save, x_sinv, wq, w_sinv, g_plan, g_slot, want_db: bool):
+    """backward's common case as one op (ops.linear_backward: grad_cast, dgrad, wgrad, the
+    same calls in the same order): a Linear whose forward casts were one op (plan.one_op:
+    eager, CPU, per-tensor, no process group, no stochastic rounding), without a graph."""
+    fdt, gp, pending, slot = grad_operands(plan.module, plan, g_plan, g_slot, ctx.pending)
+    r, c = plan.recipe, plan.consts
+    dx, dw, db, gq, g_sinv = ops.linear_backward(
+        dy2, wq, w_sinv, x_save, x_sinv, fp8_dtype=fdt, plan=gp, pending=pending, slot=slot, margin=r.margin,
+        power_2_scale=r.power_2_scale, amax_epsilon=c.eps, colsum=want_db, want_dx=ctx.needs_input_grad[0],
+        want_dw=ctx.needs_input_grad[1], dx_dtype=ctx.x_dtype, dw_dtype=ctx.w_dtype)
+    if plan.record:
+        observe_grad(plan, dy2, gq, g_sinv, Granularity.TENSOR)
+    db = db if want_db else None
+    if db is not None and ctx.bias_dtype != torch.float32:
+        db = db.to(ctx.bias_dtype)
+    return (dx if ctx.needs_input_grad[0] else None), (dw if ctx.needs_input_grad[1] else None), db, None, None
 
 
 def _engine_wants(t) -> bool:
