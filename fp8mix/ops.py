@@ -146,7 +146,7 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: 
     """(a * scale_a) @ (b * scale_b) + bias. scale_kinds: (MmScale, MmScale) when the caller
     knows the layouts (fp8mix's modules always do); None infers them from the shapes."""
     ka, kb = (-1, -1) if scale_kinds is None else (int(scale_kinds[0]), int(scale_kinds[1]))
-    if a.device.type != "cuda" or torch.compiler.is_compiling():
+    if not a.is_cuda or torch.compiler.is_compiling():
         return _ops.scaled_mm(a, b, scale_a, scale_b, bias, out_dtype, accumulate, promote_interval, ka, kb)
     _first_cuda_use(a)
     try:

@@ -65,7 +65,7 @@ def _check_input(m, x: torch.Tensor, weight: torch.Tensor, in_features: int) -> 
         raise TypeError(f"fp8mix.{name}: input must be float32, bfloat16 or float16, got {x.dtype}")
     if x.device != weight.device:
         raise ValueError(f"fp8mix.{name}: input is on {x.device}, weight on {weight.device}")
-    if x.device.type != "cpu" and not ops.has_kernels("scaled_mm", x.device):
+    if not x.is_cpu and not ops.has_kernels("scaled_mm", x.device):
         raise NotImplementedError(f"fp8mix.{name}: this build has no FP8 kernels for {x.device}; "
                                   "run outside fp8_autocast or build fp8mix with CUDA")
 
@@ -248,7 +248,10 @@ def _make_plan(m, x2, weight, frame, replay, recompute: bool, layout: str, is_fi
     else:
         _plan_rounding(m, plan, x2.shape[0], x2.shape[1], weight.numel() // x2.shape[1], weight_cast, wants_grad,
                        grad_if_training=x2.requires_grad or weight.requires_grad)
-        plan.one_op = one_op_ok and eager and consts.one_op and group is None and not plan.skips
+        # Under a TorchDispatchMode (an op counter, FakeTensorMode, a debugger) the separate ops
+        # run, as on a GPU: what such a mode observes does not depend on the device.
+        plan.one_op = (one_op_ok and eager and consts.one_op and group is None and not plan.skips
+                       and not torch._C._len_torch_dispatch_stack())
         if consts.delayed:
             m._ensure_history(consts.spec.history_len)
             if not plan.one_op:

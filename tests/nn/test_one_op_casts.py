@@ -147,6 +147,41 @@ class _Ops(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+class _Count:
+    """Counts the fp8mix ops a step runs without a TorchDispatchMode (which would select the
+    separate ops: fp8mix.nn._forward runs those under any dispatch mode)."""
+
+    def __init__(self):
+        self.names: list = []
+        self._orig: dict = {}
+
+    def __enter__(self):
+        for name in ("linear_delayed_casts", "linear_current_casts", "linear_backward", "scaled_mm", "grad_cast",
+                     "delayed_cast", "delayed_flush", "quantize_current"):
+            self._orig[name] = getattr(ops, name)
+            setattr(ops, name, self._counting(name, self._orig[name]))
+        return self
+
+    def _counting(self, name, f):
+        def call(*args, **kwargs):
+            self.names.append(name)
+            return f(*args, **kwargs)
+        return call
+
+    def __exit__(self, *exc):
+        for name, f in self._orig.items():
+            setattr(ops, name, f)
+
+
+def test_a_dispatch_mode_sees_the_separate_ops():
+    lin, x = fp8mix.Linear(32, 32), torch.randn(8, 32, requires_grad=True)
+    with _Ops() as seen:
+        with fp8mix.fp8_autocast(fp8_recipe=DelayedScaling()):
+            y = lin(x)
+        y.sum().backward()
+    assert seen.names.count("scaled_mm") == 3 and not any(n.startswith("linear_") for n in seen.names)
+
+
 def _train(recipe, *, one_op: bool, steps=4):
     """A few training steps of one Linear (with gradient accumulation in the last), returning
     everything a step leaves: outputs, gradients, FP8 state, and the ops the last step ran."""
@@ -156,7 +191,7 @@ def _train(recipe, *, one_op: bool, steps=4):
     out = []
     for i in range(steps):
         x = torch.randn(24, 48, requires_grad=True)
-        with _Ops() as seen:
+        with _Count() as seen:
             with fp8mix.fp8_autocast(fp8_recipe=recipe):
                 y = lin(x, is_first_microbatch=True if i == steps - 1 else None)
             y.backward(torch.randn_like(y))
