@@ -15,6 +15,12 @@ cast+transpose), so that every B is a K-contiguous view and cuBLASLt gets no cop
 Every call makes a :class:`Plan`: what the forward decided (recipe, formats, scales,
 stochastic-rounding offsets, whether it records), kept for its backward and, under
 activation checkpointing, for the recompute, which repeats it (``replay``).
+
+Per-layer overhead (a small layer's step is mostly Python and op dispatch): what a call
+asks of its recipe is derived once per recipe object (:class:`RecipeConsts`), and in eager
+mode on the CPU the common case (per-tensor scaling rounded to nearest, no process group,
+no replay) runs x's and W's casts as one op (:func:`one_op_casts`) and its backward as
+one op (fp8mix.nn._function), the same kernels in the same order as the separate ops.
 """
 from __future__ import annotations
 
