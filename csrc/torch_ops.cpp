@@ -1652,7 +1652,7 @@ linear_delayed_casts_cpu(const at::Tensor &x, const at::Tensor &w, const at::Ten
             scalar_copy(ws), std::get<0>(g), std::get<1>(g)};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 linear_current_casts_cpu(const at::Tensor &x, const at::Tensor &w, at::ScalarType x_dtype, at::ScalarType w_dtype,
                          int64_t margin, bool pow2, double eps, bool transpose, bool inf_to_nan)
 {
@@ -1661,7 +1661,8 @@ linear_current_casts_cpu(const at::Tensor &x, const at::Tensor &w, at::ScalarTyp
                                    transpose, inf_to_nan, none, 0);
     auto wc = quantize_current_cpu(w, w_dtype, FP8MIX_GRAN_TENSOR, margin, pow2, eps, true, false, 0, 0, true,
                                    transpose, inf_to_nan, none, 0);
-    return {std::get<0>(xc), std::get<1>(xc), std::get<2>(xc), std::get<0>(wc), std::get<1>(wc), std::get<2>(wc)};
+    return {std::get<0>(xc), std::get<1>(xc), std::get<2>(xc), std::get<3>(xc),
+            std::get<0>(wc), std::get<1>(wc), std::get<2>(wc), std::get<3>(wc)};
 }
 
 // A linear layer's backward (W as (N, K), x kept as (M, K), per-tensor scales): grad_cast
@@ -1703,7 +1704,8 @@ TORCH_LIBRARY_FRAGMENT(fp8mix, m)
           "Tensor wqt, Tensor w_scales, Tensor w_scale_inv, Tensor grad_plan, Tensor grad_slot)");
     m.def("linear_current_casts(Tensor x, Tensor w, ScalarType x_dtype, ScalarType w_dtype, int margin=0, "
           "bool power_2_scale=False, float amax_epsilon=0.0, bool transpose=False, bool inf_to_nan=True) "
-          "-> (Tensor xq, Tensor xqt, Tensor x_scale_inv, Tensor wq, Tensor wqt, Tensor w_scale_inv)");
+          "-> (Tensor xq, Tensor xqt, Tensor x_scale_inv, Tensor x_amax, Tensor wq, Tensor wqt, Tensor w_scale_inv, "
+          "Tensor w_amax)");
 }
 
 TORCH_LIBRARY_IMPL(fp8mix, CPU, m)

@@ -224,7 +224,7 @@ def linear_current_casts(x: torch.Tensor, w: torch.Tensor, *, x_dtype: torch.dty
                          margin: int = 0, power_2_scale: bool = False, amax_epsilon: float = 0.0,
                          transpose: bool = False, inf_to_nan: bool = True):
     """quantize_current of x and of w (per tensor), as one op with the same results:
-    (xq, xqt, x_scale_inv, wq, wqt, w_scale_inv). Round to nearest."""
+    (xq, xqt, x_scale_inv, x_amax, wq, wqt, w_scale_inv, w_amax). Round to nearest."""
     return _ops.linear_current_casts(x, w, x_dtype, w_dtype, margin, power_2_scale, amax_epsilon, transpose,
                                      inf_to_nan)
 
@@ -455,9 +455,8 @@ def _linear_delayed_casts_fake(x, w, amax_history, scale, steps, pending, next_s
 @torch.library.register_fake("fp8mix::linear_current_casts")
 def _linear_current_casts_fake(x, w, x_dtype, w_dtype, margin=0, power_2_scale=False, amax_epsilon=0.0,
                                transpose=False, inf_to_nan=True):
-    xq, xqt, xs, _ = _quantize_current_fake(x, x_dtype, 0, transpose=transpose)
-    wq, wqt, ws, _ = _quantize_current_fake(w, w_dtype, 0, transpose=transpose)
-    return xq, xqt, xs, wq, wqt, ws
+    return (*_quantize_current_fake(x, x_dtype, 0, transpose=transpose),
+            *_quantize_current_fake(w, w_dtype, 0, transpose=transpose))
 
 
 @torch.library.register_fake("fp8mix::linear_backward")

@@ -259,7 +259,7 @@ def one_op_casts(m, x2: torch.Tensor, w: torch.Tensor, plan: Plan, wants_grad: b
         plan.grad_fresh = m._maybe_fresh[3 * g + 2]
     else:
         r = plan.recipe
-        xq, xqt, x_sinv, wq, wqt, w_sinv = ops.linear_current_casts(
+        xq, xqt, x_sinv, _, wq, wqt, w_sinv, _ = ops.linear_current_casts(
             x2, w, x_dtype=fmt_dtype(plan, _IN), w_dtype=fmt_dtype(plan, _W), margin=r.margin,
             power_2_scale=r.power_2_scale, amax_epsilon=c.eps, transpose=plan.tn)
     x_save, x_save_sinv = (xqt, x_sinv) if plan.tn else (None, None)

@@ -77,10 +77,12 @@ def test_linear_current_casts_equal_the_separate_ops_and_torch(transpose, dtype)
     got = ops.linear_current_casts(x, w, x_dtype=E4, w_dtype=E5, transpose=transpose)
     xs = ops.quantize_current(x, E4, transpose=transpose, inf_to_nan=True)
     ws = ops.quantize_current(w, E5, transpose=transpose, inf_to_nan=True)
-    want = (xs[0], xs[1], xs[2], ws[0], ws[1], ws[2])
+    want = (*xs, *ws)
+    assert len(got) == len(want) == 8
     for i, (g, e) in enumerate(zip(got, want)):
         assert _equal(g, e), f"output {i}"
-    for t, q, sinv, fmax, fdt in ((x, got[0], got[2], 448.0, E4), (w, got[3], got[5], 57344.0, E5)):
+    for t, (q, _, sinv, am), fmax, fdt in ((x, got[:4], 448.0, E4), (w, got[4:], 57344.0, E5)):
+        assert am.item() == t.float().abs().max().item()
         scale = torch.tensor(fmax, dtype=torch.float32) / t.float().abs().max()  # float32, as fp8mix.h's rule
         assert sinv.item() == (1 / scale).item()
         assert torch.equal(_bits(q), _bits((t.float() * scale).to(fdt)))  # torch's own round-to-nearest cast
