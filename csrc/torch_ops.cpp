@@ -1610,3 +1610,107 @@ TORCH_LIBRARY_IMPL(fp8mix, CUDA, m)
     m.impl("delayed_scale_update", &delayed_scale_update_cuda);
 }
 #endif // FP8MIX_WITH_CUDA
+
+// ---- CPU: a linear layer's forward casts, and its backward, in one call each -----------
+//
+// What fp8mix.nn's eager step of a per-tensor recipe runs before its forward GEMM, and in
+// its backward, as one op each: the same functions, in the same order and with the same
+// arguments as the separate ops (delayed_flush, then delayed_cast of x and of W; or
+// quantize_current of x and of W; grad_cast, then the dgrad and wgrad scaled_mm_cpu), so
+// the results are those ops' bit for bit. One op instead of two or three saves the
+// Python-to-dispatcher cost of the others (about 10 us each), most of a layer's time at
+// small shapes. No policy here: the Python layer decides when they apply
+// (fp8mix/nn/_casts.py, _function.py). scale_inv outputs are their own 0-d tensors (a copy
+// of scales[1]), not views of another output.
+namespace {
+
+at::Tensor scalar_copy(const at::Tensor &scales)
+{
+    at::Tensor s = at::empty({}, scales.options());
+    *s.data_ptr<float>() = scales.data_ptr<float>()[1];
+    return s;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
+           at::Tensor>
+linear_delayed_casts_cpu(const at::Tensor &x, const at::Tensor &w, const at::Tensor &hist, const at::Tensor &scale,
+                         const at::Tensor &steps, const at::Tensor &pending, const at::Tensor &next_slot, int64_t gemm,
+                         int64_t history_len, at::ScalarType x_dtype, at::ScalarType w_dtype,
+                         at::ScalarType grad_dtype, int64_t margin, bool pow2, c10::string_view algo, int64_t interval,
+                         bool record, bool reserve, bool transpose, bool inf_to_nan)
+{
+    TORCH_CHECK_VALUE(gemm >= 0, "fp8mix.linear_delayed_casts: gemm must be >= 0, got ", gemm);
+    const c10::optional<at::Tensor> none;
+    auto g = delayed_flush_cpu(hist, scale, steps, pending, next_slot, 3 * gemm + 2, history_len, grad_dtype, margin,
+                               pow2, algo, interval, record, reserve);
+    auto xc = delayed_cast_cpu(x, hist, scale, steps, 3 * gemm, history_len, x_dtype, margin, pow2, algo, interval,
+                               record, transpose, inf_to_nan, none, none, 0);
+    auto wc = delayed_cast_cpu(w, hist, scale, steps, 3 * gemm + 1, history_len, w_dtype, margin, pow2, algo, interval,
+                               record, transpose, inf_to_nan, none, none, 0);
+    const at::Tensor &xs = std::get<2>(xc), &ws = std::get<2>(wc);
+    return {std::get<0>(xc), std::get<1>(xc), xs, scalar_copy(xs), std::get<0>(wc), std::get<1>(wc), ws,
+            scalar_copy(ws), std::get<0>(g), std::get<1>(g)};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+linear_current_casts_cpu(const at::Tensor &x, const at::Tensor &w, at::ScalarType x_dtype, at::ScalarType w_dtype,
+                         int64_t margin, bool pow2, double eps, bool transpose, bool inf_to_nan)
+{
+    const c10::optional<at::Tensor> none;
+    auto xc = quantize_current_cpu(x, x_dtype, FP8MIX_GRAN_TENSOR, margin, pow2, eps, true, false, 0, 0, true,
+                                   transpose, inf_to_nan, none, 0);
+    auto wc = quantize_current_cpu(w, w_dtype, FP8MIX_GRAN_TENSOR, margin, pow2, eps, true, false, 0, 0, true,
+                                   transpose, inf_to_nan, none, 0);
+    return {std::get<0>(xc), std::get<1>(xc), std::get<2>(xc), std::get<3>(xc),
+            std::get<0>(wc), std::get<1>(wc), std::get<2>(wc), std::get<3>(wc)};
+}
+
+// A linear layer's backward (W as (N, K), x kept as (M, K), per-tensor scales): grad_cast
+// of dy, then dgrad dx = dy W and wgrad dW = dy^T x with scaled_mm_cpu, as one op (the
+// same calls in the same order as the separate ops; dy^T is the cast's transposed view).
+// dx / dW are empty when not wanted. Returns (dx, dW, colsum of dy, dy's FP8, scale_inv).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+linear_backward_cpu(const at::Tensor &dy, const at::Tensor &wq, const at::Tensor &w_sinv, const at::Tensor &xq,
+                    const at::Tensor &x_sinv, at::ScalarType fp8_dtype, const c10::optional<at::Tensor> &plan,
+                    const c10::optional<at::Tensor> &pending, const c10::optional<at::Tensor> &slot, int64_t margin,
+                    bool pow2, double eps, bool colsum, bool want_dx, bool want_dw, at::ScalarType dx_dtype,
+                    at::ScalarType dw_dtype)
+{
+    const c10::optional<at::Tensor> none;
+    auto gc = grad_cast_cpu(dy, fp8_dtype, plan, pending, slot, margin, pow2, eps, false, colsum, true, none, 0);
+    const at::Tensor &gq = std::get<0>(gc), &g_sinv = std::get<2>(gc);
+    const int64_t t = FP8MIX_MM_SCALE_TENSOR;
+    at::Tensor dx = want_dx ? scaled_mm_cpu(gq, wq, g_sinv, w_sinv, none, dx_dtype, "fp32", 128, t, t)
+                            : at::empty({0}, dy.options().dtype(dx_dtype));
+    at::Tensor dw = want_dw ? scaled_mm_cpu(gq.t(), xq, g_sinv, x_sinv, none, dw_dtype, "fp32", 128, t, t)
+                            : at::empty({0}, dy.options().dtype(dw_dtype));
+    return {dx, dw, std::get<4>(gc), gq, g_sinv};
+}
+
+} // namespace
+
+TORCH_LIBRARY_FRAGMENT(fp8mix, m)
+{
+    m.def("linear_backward(Tensor dy, Tensor wq, Tensor w_scale_inv, Tensor xq, Tensor x_scale_inv, "
+          "ScalarType fp8_dtype, Tensor? plan=None, Tensor(a!)? pending=None, Tensor? slot=None, int margin=0, "
+          "bool power_2_scale=False, float amax_epsilon=0.0, bool colsum=False, bool want_dx=True, "
+          "bool want_dw=True, ScalarType dx_dtype=float, ScalarType dw_dtype=float) "
+          "-> (Tensor dx, Tensor dw, Tensor colsum, Tensor gq, Tensor scale_inv)");
+    m.def("linear_delayed_casts(Tensor x, Tensor w, Tensor(a!) amax_history, Tensor(b!) scale, Tensor(c!) steps, "
+          "Tensor(d!) pending, Tensor(e!) next_slot, int gemm, int history_len, ScalarType x_dtype, "
+          "ScalarType w_dtype, ScalarType grad_dtype, int margin=0, bool power_2_scale=False, "
+          "str amax_compute_algo='max', int interval=1, bool record=True, bool reserve=True, bool transpose=False, "
+          "bool inf_to_nan=True) -> (Tensor xq, Tensor xqt, Tensor x_scales, Tensor x_scale_inv, Tensor wq, "
+          "Tensor wqt, Tensor w_scales, Tensor w_scale_inv, Tensor grad_plan, Tensor grad_slot)");
+    m.def("linear_current_casts(Tensor x, Tensor w, ScalarType x_dtype, ScalarType w_dtype, int margin=0, "
+          "bool power_2_scale=False, float amax_epsilon=0.0, bool transpose=False, bool inf_to_nan=True) "
+          "-> (Tensor xq, Tensor xqt, Tensor x_scale_inv, Tensor x_amax, Tensor wq, Tensor wqt, Tensor w_scale_inv, "
+          "Tensor w_amax)");
+}
+
+TORCH_LIBRARY_IMPL(fp8mix, CPU, m)
+{
+    m.impl("linear_delayed_casts", &linear_delayed_casts_cpu);
+    m.impl("linear_current_casts", &linear_current_casts_cpu);
+    m.impl("linear_backward", &linear_backward_cpu);
+}

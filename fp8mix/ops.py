@@ -22,7 +22,8 @@ _ops = torch.ops.fp8mix
 __all__ = ["cast", "quantize_current", "quantize_mx", "amax", "compute_scale", "dequantize", "scaled_mm", "quant_stats",
            "delayed_cast", "delayed_record", "delayed_rescale", "delayed_flush", "grad_cast", "DelayedSpec",
            "MmScale", "cpu_isa", "set_max_isa", "scale_shape", "has_kernels", "NormKind", "Act", "norm_cast",
-           "norm_delayed_cast", "act_cast", "act_delayed_cast"]
+           "norm_delayed_cast", "act_cast", "act_delayed_cast", "linear_delayed_casts", "linear_current_casts",
+           "linear_backward"]
 
 
 class MmScale(enum.IntEnum):
@@ -145,7 +146,7 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: 
     """(a * scale_a) @ (b * scale_b) + bias. scale_kinds: (MmScale, MmScale) when the caller
     knows the layouts (fp8mix's modules always do); None infers them from the shapes."""
     ka, kb = (-1, -1) if scale_kinds is None else (int(scale_kinds[0]), int(scale_kinds[1]))
-    if a.device.type != "cuda" or torch.compiler.is_compiling():
+    if not a.is_cuda or torch.compiler.is_compiling():
         return _ops.scaled_mm(a, b, scale_a, scale_b, bias, out_dtype, accumulate, promote_interval, ka, kb)
     _first_cuda_use(a)
     try:
@@ -203,6 +204,42 @@ def grad_cast(dy: torch.Tensor, fp8_dtype: torch.dtype, *, plan: Optional[torch.
     (max over backwards); colsum is the bias gradient (column sums in float32)."""
     return _ops.grad_cast(dy, fp8_dtype, plan, pending, slot, margin, power_2_scale, amax_epsilon, transpose,
                           colsum, inf_to_nan, rng, rng_skip)
+
+
+# ---- a linear layer's forward casts in one call (CPU; fewer dispatches per layer) -------
+
+def linear_delayed_casts(x: torch.Tensor, w: torch.Tensor, history: torch.Tensor, scale: torch.Tensor,
+                         steps: torch.Tensor, pending: torch.Tensor, next_slot: torch.Tensor, *, gemm: int,
+                         x_dtype: torch.dtype, w_dtype: torch.dtype, grad_dtype: torch.dtype, spec: DelayedSpec,
+                         record: bool, reserve: bool, transpose: bool = False, inf_to_nan: bool = True):
+    """delayed_flush of GEMM `gemm`'s grad_output role, then delayed_cast of x (role 3 gemm)
+    and of w (3 gemm + 1), as one op with the same results: (xq, xqt, x_scales, x_scale_inv,
+    wq, wqt, w_scales, w_scale_inv, grad_plan, grad_slot). Round to nearest."""
+    return _ops.linear_delayed_casts(x, w, history, scale, steps, pending, next_slot, gemm, spec.history_len, x_dtype,
+                                     w_dtype, grad_dtype, spec.margin, spec.power_2_scale, spec.algo, spec.interval,
+                                     record, reserve, transpose, inf_to_nan)
+
+
+def linear_current_casts(x: torch.Tensor, w: torch.Tensor, *, x_dtype: torch.dtype, w_dtype: torch.dtype,
+                         margin: int = 0, power_2_scale: bool = False, amax_epsilon: float = 0.0,
+                         transpose: bool = False, inf_to_nan: bool = True):
+    """quantize_current of x and of w (per tensor), as one op with the same results:
+    (xq, xqt, x_scale_inv, x_amax, wq, wqt, w_scale_inv, w_amax). Round to nearest."""
+    return _ops.linear_current_casts(x, w, x_dtype, w_dtype, margin, power_2_scale, amax_epsilon, transpose,
+                                     inf_to_nan)
+
+
+def linear_backward(dy: torch.Tensor, wq: torch.Tensor, w_scale_inv: torch.Tensor, xq: torch.Tensor,
+                    x_scale_inv: torch.Tensor, *, fp8_dtype: torch.dtype, plan: Optional[torch.Tensor] = None,
+                    pending: Optional[torch.Tensor] = None, slot: Optional[torch.Tensor] = None, margin: int = 0,
+                    power_2_scale: bool = False, amax_epsilon: float = 0.0, colsum: bool = False,
+                    want_dx: bool = True, want_dw: bool = True, dx_dtype: torch.dtype = torch.float32,
+                    dw_dtype: torch.dtype = torch.float32):
+    """A Linear's backward with per-tensor scales as one op: grad_cast of dy (plan, pending,
+    slot as grad_cast takes them), dx = dy W and dW = dy^T x (scaled_mm, W (N, K) and x (M, K)
+    in FP8): (dx, dW, colsum, dy's FP8, its scale_inv); dx / dW empty when not wanted."""
+    return _ops.linear_backward(dy, wq, w_scale_inv, xq, x_scale_inv, fp8_dtype, plan, pending, slot, margin,
+                                power_2_scale, amax_epsilon, colsum, want_dx, want_dw, dx_dtype, dw_dtype)
 
 
 # ---- fused producer casts: a norm / an activation written as FP8 (csrc/core/norm.c, act.c) ----
@@ -400,6 +437,36 @@ def _grad_cast_fake(dy, fp8_dtype, plan=None, pending=None, slot=None, margin=0,
     qt = dy.new_empty((cols, rows) if transpose else (0,), dtype=fp8_dtype)
     return (dy.new_empty(dy.shape, dtype=fp8_dtype), qt, dy.new_empty((), dtype=torch.float32),
             dy.new_empty((), dtype=torch.float32), dy.new_empty((cols if colsum else 0,), dtype=torch.float32))
+
+
+@torch.library.register_fake("fp8mix::linear_delayed_casts")
+def _linear_delayed_casts_fake(x, w, amax_history, scale, steps, pending, next_slot, gemm, history_len, x_dtype,
+                               w_dtype, grad_dtype, margin=0, power_2_scale=False, amax_compute_algo="max",
+                               interval=1, record=True, reserve=True, transpose=False, inf_to_nan=True):
+    xq, xqt, xs, _ = _delayed_cast_fake(x, amax_history, scale, steps, 3 * gemm, history_len, x_dtype,
+                                        transpose=transpose)
+    wq, wqt, ws, _ = _delayed_cast_fake(w, amax_history, scale, steps, 3 * gemm + 1, history_len, w_dtype,
+                                        transpose=transpose)
+    plan, slot = _delayed_flush_fake(amax_history, scale, steps, pending, next_slot)
+    f32 = torch.float32
+    return xq, xqt, xs, x.new_empty((), dtype=f32), wq, wqt, ws, w.new_empty((), dtype=f32), plan, slot
+
+
+@torch.library.register_fake("fp8mix::linear_current_casts")
+def _linear_current_casts_fake(x, w, x_dtype, w_dtype, margin=0, power_2_scale=False, amax_epsilon=0.0,
+                               transpose=False, inf_to_nan=True):
+    return (*_quantize_current_fake(x, x_dtype, 0, transpose=transpose),
+            *_quantize_current_fake(w, w_dtype, 0, transpose=transpose))
+
+
+@torch.library.register_fake("fp8mix::linear_backward")
+def _linear_backward_fake(dy, wq, w_scale_inv, xq, x_scale_inv, fp8_dtype, plan=None, pending=None, slot=None,
+                          margin=0, power_2_scale=False, amax_epsilon=0.0, colsum=False, want_dx=True, want_dw=True,
+                          dx_dtype=torch.float32, dw_dtype=torch.float32):
+    gq, _, sinv, _, cs = _grad_cast_fake(dy, fp8_dtype, colsum=colsum)
+    dx = dy.new_empty((dy.shape[0], wq.shape[1]) if want_dx else (0,), dtype=dx_dtype)
+    dw = dy.new_empty((dy.shape[1], xq.shape[1]) if want_dw else (0,), dtype=dw_dtype)
+    return dx, dw, cs, gq, sinv
 
 
 def _fused_fakes(x, sizes, fp8_dtype, granularity, want_q, transpose, hp_dtype, scales_len=None):

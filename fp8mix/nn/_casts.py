@@ -15,21 +15,32 @@ cast+transpose), so that every B is a K-contiguous view and cuBLASLt gets no cop
 Every call makes a :class:`Plan`: what the forward decided (recipe, formats, scales,
 stochastic-rounding offsets, whether it records), kept for its backward and, under
 activation checkpointing, for the recompute, which repeats it (``replay``).
+
+Per-layer overhead (a small layer's step is mostly Python and op dispatch): what a call
+asks of its recipe is derived once per recipe object (:class:`RecipeConsts`), and in eager
+mode on the CPU the common case (per-tensor scaling rounded to nearest, no process group,
+no replay) runs x's and W's casts as one op (:func:`one_op_casts`) and its backward as
+one op (fp8mix.nn._function), the same kernels in the same order as the separate ops.
 """
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
 from .. import ops
 from ..formats import Format, Granularity, fp8_dtype
 from ..ops import DelayedSpec
+from ..recipe import ROLES
 
 __all__ = ["Plan", "forward_casts", "cast_input", "cast_weight", "recast_weight", "input_layout", "grad_casts",
-           "delayed_spec", "all_reduce_max"]
+           "delayed_spec", "all_reduce_max", "RecipeConsts", "recipe_consts", "grad_state"]
 
 _IN, _W, _G = 0, 1, 2
 TN_ON_CPU = False  # tests: run the CPU through the tensor-core operand layouts
 _TENSOR, _BLOCK, _BLOCK2D = Granularity.TENSOR, Granularity.BLOCK, Granularity.BLOCK2D
+_DTYPE = {Format.E4M3: torch.float8_e4m3fn, Format.E5M2: torch.float8_e5m2}
+_NO_SR: dict = {}
 
 
 class Plan:
@@ -37,10 +48,11 @@ class Plan:
 
     __slots__ = ("recipe", "group", "out_dtype", "fmts", "record", "layout", "tn", "gemm", "x_scales", "w_scales",
                  "w_cached", "w_recast", "g_plan", "g_slot", "grad_fresh", "rng", "skips", "monitor", "name",
-                 "auto_use", "module", "region", "replayed_by", "backward_done", "__weakref__")
+                 "auto_use", "module", "region", "replayed_by", "backward_done", "consts", "one_op", "__weakref__")
 
     def __init__(self, recipe, group, out_dtype, fmts, record: bool, layout: str, gemm: int = 0):
         self.recipe = recipe
+        self.consts = recipe_consts(recipe)  # what this call asks of the recipe, derived once per recipe
         self.group = group              # process group amaxes are all-reduced over, or None
         self.out_dtype = out_dtype
         self.fmts = fmts                # Format per role
@@ -49,9 +61,9 @@ class Plan:
         self.tn = False                 # operands as FP8 tensor cores read them: every B K-contiguous
         self.gemm = gemm                # which of the module's GEMMs: its state roles are 3*gemm + 0, 1, 2
         self.x_scales = None            # delayed: [scale, scale_inv] the input cast used
-        self.w_scales = None            # delayed: ... the weight cast used
+        self.w_scales: Any = None       # delayed: ... the weight cast used
         self.w_cached = None            # (wq, w_sinv) reused from is_first_microbatch=True
-        self.w_recast = None            # backward re-casts W instead of keeping it: ("scale", s) or ("amax", a)
+        self.w_recast: Any = None       # backward re-casts W instead of keeping it: ("scale", s) or ("amax", a)
         self.g_plan = None              # delayed: [grad scale, fresh] for backward
         self.g_slot = None              # delayed, recording: the pending slot backward fills
         self.grad_fresh = False         # Python mirror of g_plan[1] (distributed path only)
@@ -62,16 +74,83 @@ class Plan:
         self.auto_use = -1              # Format.AUTO: the grad_output use backward evaluates
         self.module = None              # the module (AUTO votes and observers in backward)
         self.backward_done = False
+        self.one_op = False             # the forward casts run as one op (one_op_casts)
 
     def role(self, local: int) -> int:
         """The module-state index of this GEMM's role `local` (0 input, 1 weight, 2 grad_output)."""
         return 3 * self.gemm + local
 
 
-def delayed_spec(recipe) -> DelayedSpec:
+def _make_spec(recipe) -> DelayedSpec:
     algo = recipe.amax_compute_algo
     return DelayedSpec(history_len=recipe.amax_history_len, margin=recipe.margin, power_2_scale=recipe.power_2_scale,
                        algo=algo if isinstance(algo, str) else "max", interval=recipe.interval)
+
+
+class RecipeConsts:
+    """What every call asks of a recipe, answered once per recipe object (recipes are
+    frozen): a layer's forward and backward read these instead of re-deriving them (a
+    DelayedSpec, formats, granularities) on each call."""
+
+    __slots__ = ("delayed", "fmts", "dtypes", "spec", "stochastic", "eps", "block", "g_block", "kinds", "w_block2d",
+                 "python_algo", "one_op")
+
+    def __init__(self, recipe):
+        self.delayed = recipe.delayed()
+        # Format.AUTO: each layer's own choice (fp8mix.nn.fp8_state._fmt), not the recipe's
+        self.fmts = None if recipe.fp8_format is Format.AUTO else tuple(recipe.format(r) for r in ROLES)
+        self.dtypes = None if self.fmts is None else tuple(fp8_dtype(f) for f in self.fmts)
+        self.spec = _make_spec(recipe) if self.delayed else None
+        self.python_algo = self.delayed and callable(recipe.amax_compute_algo)
+        self.stochastic = recipe.stochastic()
+        self.eps = float(getattr(recipe, "amax_epsilon", 0.0))
+        self.block = recipe.granularity("input") == _BLOCK  # x in 1x128 tiles (and 128x128 for wgrad)
+        self.g_block = recipe.granularity("grad_output") == _BLOCK
+        mm = ops.MmScale.BLOCK if self.block else ops.MmScale.TENSOR
+        self.kinds = (mm, mm)
+        self.w_block2d = recipe.granularity("weight") == _BLOCK2D
+        # whether x's and W's casts can be one op (ops.linear_delayed_casts / linear_current_casts)
+        per_tensor = all(recipe.granularity(r) == _TENSOR for r in ROLES) and not recipe.along_reduction()
+        self.one_op = per_tensor and not self.python_algo
+
+
+def recipe_consts(recipe) -> RecipeConsts:
+    """The recipe's RecipeConsts, kept on the recipe object after the first eager call
+    (under torch.compile, built afresh: the trace runs once)."""
+    if torch.compiler.is_compiling():
+        return RecipeConsts(recipe)
+    c = recipe.__dict__.get("_fp8mix_consts")
+    if c is None:
+        c = RecipeConsts(recipe)
+        object.__setattr__(recipe, "_fp8mix_consts", c)  # a cache, not a field: eq, hash, pickle ignore it
+    return c
+
+
+def delayed_spec(recipe) -> DelayedSpec:
+    spec = recipe_consts(recipe).spec
+    return spec if spec is not None else _make_spec(recipe)
+
+
+def grad_state(m, gemm: int):
+    """(fp8_grad_pending[gemm], fp8_grad_slot[gemm]): views of the module's buffers, made
+    once per buffer object in eager mode (an index op less per forward and backward).
+    Inference mode and torch.compile index afresh (a view made in inference mode could
+    not be written outside it)."""
+    b = m._buffers
+    pend, slot = b["fp8_grad_pending"], b["fp8_grad_slot"]
+    if torch.compiler.is_compiling() or torch.is_inference_mode_enabled():
+        return pend[gemm], slot[gemm]
+    c = m.__dict__.get("_fp8_grad_views")
+    if c is None or c[0] is not pend or c[1] is not slot:  # first call, or the buffers were replaced (.to())
+        with torch.no_grad():
+            c = (pend, slot, [(pend[g], slot[g]) for g in range(pend.shape[0])])
+        m.__dict__["_fp8_grad_views"] = c
+    return c[2][gemm]
+
+
+def fmt_dtype(plan: "Plan", role: int) -> torch.dtype:
+    """The torch FP8 dtype of this plan's role `role` (0 input, 1 weight, 2 grad_output)."""
+    return _DTYPE.get(plan.fmts[role]) or fp8_dtype(plan.fmts[role])
 
 
 def all_reduce_max(t: torch.Tensor, group) -> None:
@@ -81,15 +160,17 @@ def all_reduce_max(t: torch.Tensor, group) -> None:
 
 def _sr(plan: Plan, role: int) -> dict:
     """rng / rng_skip keywords of a cast of `role` (empty: round to nearest)."""
+    if not plan.skips:
+        return _NO_SR
     skip = plan.skips.get(role)
-    return {} if skip is None else {"rng": plan.rng, "rng_skip": skip}
+    return _NO_SR if skip is None else {"rng": plan.rng, "rng_skip": skip}
 
 
 def _current(x2, fmt: Format, recipe, gran, group, *, transpose=False, sr=None):
     """Current scaling of a 2-D tensor: (q, qt, scale_inv, amax); with a process group the
     amaxes are all-reduced first so that every rank uses the same scales."""
-    sr = sr or {}
-    eps = float(getattr(recipe, "amax_epsilon", 0.0))
+    sr = sr or _NO_SR
+    eps = recipe_consts(recipe).eps
     if group is None:
         return ops.quantize_current(x2, fp8_dtype(fmt), granularity=gran, margin=recipe.margin,
                                     power_2_scale=recipe.power_2_scale, amax_epsilon=eps, transpose=transpose,
@@ -109,12 +190,12 @@ def _delayed(m, t2, role: int, plan: Plan, replay, *, transpose=False):
         scales = replay.x_scales if role == _IN else replay.w_scales
         q, qt, _ = ops.cast(t2, scales[0:1], fp8_dtype(fmt), transpose=transpose, inf_to_nan=True, **sr)
         return q, qt, scales
-    recipe = plan.recipe
-    spec = delayed_spec(recipe)
-    state = (m.fp8_amax_history, m.fp8_scale, m.fp8_steps)
-    if callable(recipe.amax_compute_algo) or plan.group is not None:
+    spec = plan.consts.spec
+    if plan.consts.python_algo or plan.group is not None:
         return _delayed_composed(m, t2, role, plan, spec, transpose)
-    q, qt, scales, _ = ops.delayed_cast(t2, *state, role=plan.role(role), fp8_dtype=fp8_dtype(fmt), spec=spec,
+    b = m._buffers
+    q, qt, scales, _ = ops.delayed_cast(t2, b["fp8_amax_history"], b["fp8_scale"], b["fp8_steps"],
+                                        role=3 * plan.gemm + role, fp8_dtype=fmt_dtype(plan, role), spec=spec,
                                         record=plan.record, transpose=transpose, inf_to_nan=True, **sr)
     return q, qt, scales
 
@@ -164,6 +245,36 @@ def python_algo_scale(m, role: int, recipe, fmt: Format, before: torch.Tensor) -
     m.fp8_scale[role:role + 1] = torch.where(due, s_algo, base)
 
 
+def one_op_casts(m, x2: torch.Tensor, w: torch.Tensor, plan: Plan, wants_grad: bool, is_first_microbatch):
+    """What cast_input and cast_weight return (and leave in the plan and the weight cache),
+    with delayed scaling's flush of the grad_output role before them (_forward._grad_plan),
+    as one op of the same kernels in the same order: for a plan with ``plan.one_op`` (eager,
+    CPU, per-tensor scaling rounded to nearest, no process group, no replay, W cast now)."""
+    c, g = plan.consts, plan.gemm
+    w_amax = None
+    if c.delayed:
+        b = m._buffers
+        pending, slot = grad_state(m, g)
+        (xq, xqt, plan.x_scales, x_sinv, wq, wqt, plan.w_scales, w_sinv, plan.g_plan,
+         plan.g_slot) = ops.linear_delayed_casts(
+            x2, w, b["fp8_amax_history"], b["fp8_scale"], b["fp8_steps"], pending, slot, gemm=g,
+            x_dtype=fmt_dtype(plan, _IN), w_dtype=fmt_dtype(plan, _W), grad_dtype=fmt_dtype(plan, _G), spec=c.spec,
+            record=plan.record, reserve=plan.record and wants_grad, transpose=plan.tn)
+        plan.grad_fresh = m._maybe_fresh[3 * g + 2]
+    else:
+        r = plan.recipe
+        xq, xqt, x_sinv, _, wq, wqt, w_sinv, w_amax = ops.linear_current_casts(
+            x2, w, x_dtype=fmt_dtype(plan, _IN), w_dtype=fmt_dtype(plan, _W), margin=r.margin,
+            power_2_scale=r.power_2_scale, amax_epsilon=c.eps, transpose=plan.tn)
+    x_save, x_save_sinv = (xqt, x_sinv) if plan.tn else (None, None)
+    wqt = wqt if plan.tn else None
+    if is_first_microbatch:
+        m._wcache[g] = (_weight_key(m, w, plan), wq, wqt, w_sinv)
+    elif _recasts(m, w, plan):
+        plan.w_recast = ("scale", plan.w_scales[0:1]) if c.delayed else ("amax", w_amax)
+    return xq, x_sinv, x_save, x_save_sinv, wq, wqt, w_sinv
+
+
 def forward_casts(m, x2: torch.Tensor, w: torch.Tensor, plan: Plan, replay, is_first_microbatch):
     """(xq, x_sinv, x_save, x_save_sinv, wq, wqt, w_sinv): the forward GEMM's operands, what
     backward keeps of x for wgrad (x_save; None: xq itself) and, for a tensor-core layout
@@ -195,7 +306,7 @@ def cast_input(m, x2: torch.Tensor, plan: Plan, replay):
     recipe = plan.recipe
     in_out = plan.layout == "in_out"
     want_xt = plan.tn  # tn: wgrad's operand from x must be M-contiguous (the C GEMM reads x^T as a view)
-    if recipe.granularity("input") == _BLOCK:
+    if plan.consts.block:
         xq, _, x_sinv, _ = _current(x2, plan.fmts[_IN], recipe, _BLOCK, plan.group, sr=_sr(plan, _IN))
         sr2 = _sr(plan, 3)  # the second cast of x has its own random words
         if in_out:  # wgrad's A = x^T in 1x128 tiles along M
@@ -204,7 +315,7 @@ def cast_input(m, x2: torch.Tensor, plan: Plan, replay):
             q2, q2t, x_save_sinv, _ = _current(x2, plan.fmts[_IN], recipe, _BLOCK2D, plan.group, sr=sr2,
                                                transpose=plan.tn)
             x_save = q2t if plan.tn else q2
-    elif recipe.delayed():
+    elif plan.consts.delayed:
         xq, xqt, x_scales = _delayed(m, x2, _IN, plan, replay, transpose=want_xt)
         plan.x_scales = x_scales
         x_sinv = x_scales[1]
@@ -241,7 +352,7 @@ def cast_weight(m, w: torch.Tensor, plan: Plan, replay, is_first_microbatch):
         return plan.w_cached
     recipe = plan.recipe
     w_amax = None
-    if recipe.delayed():
+    if plan.consts.delayed:
         wq, wqt, w_scales = _delayed(m, w, _W, plan, replay, transpose=plan.tn)
         plan.w_scales = w_scales
         w_sinv = w_scales[1]
@@ -252,7 +363,7 @@ def cast_weight(m, w: torch.Tensor, plan: Plan, replay, is_first_microbatch):
     if is_first_microbatch:
         m._wcache[plan.gemm] = (_weight_key(m, w, plan), wq, wqt, w_sinv)
     elif _recasts(m, w, plan):
-        plan.w_recast = ("scale", plan.w_scales[0:1]) if recipe.delayed() else ("amax", w_amax)
+        plan.w_recast = ("scale", plan.w_scales[0:1]) if plan.consts.delayed else ("amax", w_amax)
     return wq, wqt, w_sinv
 
 
@@ -284,10 +395,10 @@ def recast_weight(w: torch.Tensor, plan: Plan):
 def grad_casts(m, dy2: torch.Tensor, plan: Plan, g_plan, g_slot, rng, want_db: bool, pending=None):
     """grad_output casts: (gq for dgrad, g_sinv, wgrad operand from dy, its scale_inv,
     bias gradient in float32 or None, granularity of gq)."""
-    recipe, fmt = plan.recipe, plan.fmts[_G]
+    recipe, fmt, c = plan.recipe, plan.fmts[_G], plan.consts
     in_out = plan.layout == "in_out"
-    sr = {} if plan.skips.get(_G) is None else {"rng": rng, "rng_skip": plan.skips[_G]}
-    if recipe.granularity("grad_output") == _BLOCK:  # 1x128 tiles along N for dgrad
+    sr = _NO_SR if plan.skips.get(_G) is None else {"rng": rng, "rng_skip": plan.skips[_G]}
+    if c.g_block:  # 1x128 tiles along N for dgrad
         gq, _, g_sinv, _ = _current(dy2, fmt, recipe, _BLOCK, plan.group, sr=sr)
         sr2 = {} if plan.skips.get(4) is None else {"rng": rng, "rng_skip": plan.skips[4]}
         if in_out:  # wgrad's B = dy in 128x128 blocks (M-contiguous for tn: its transpose's view)
@@ -299,13 +410,23 @@ def grad_casts(m, dy2: torch.Tensor, plan: Plan, g_plan, g_slot, rng, want_db: b
         return gq, g_sinv, gw, gw_sinv, db, _BLOCK
     if plan.group is not None:  # every rank the same scale, and the same amax left pending
         return _grad_casts_distributed(m, dy2, plan, g_plan, g_slot, sr, want_db, pending)
-    pending = pending[plan.gemm] if (pending is not None and plan.record and recipe.delayed()) else None
+    fdt, g_plan, pending, g_slot = grad_operands(m, plan, g_plan, g_slot, pending)
     gq, gqt, g_sinv, _, db = ops.grad_cast(
-        dy2, fp8_dtype(fmt), plan=g_plan if recipe.delayed() else None, pending=pending,
-        slot=g_slot if pending is not None else None, margin=recipe.margin, power_2_scale=recipe.power_2_scale,
-        amax_epsilon=float(getattr(recipe, "amax_epsilon", 0.0)), transpose=plan.tn, colsum=want_db,
-        **sr)
+        dy2, fdt, plan=g_plan, pending=pending, slot=g_slot, margin=recipe.margin,
+        power_2_scale=recipe.power_2_scale, amax_epsilon=c.eps, transpose=plan.tn, colsum=want_db, **sr)
     return gq, g_sinv, _wgrad_dy(gq, gqt, plan), g_sinv, (db if want_db else None), _TENSOR
+
+
+def grad_operands(m, plan: Plan, g_plan, g_slot, pending):
+    """grad_cast's fp8_dtype, plan, pending and slot arguments for this backward: delayed
+    scaling's plan (else None: current scaling), and, for a recording forward's backward,
+    this GEMM's pending amax slot (else None)."""
+    c = plan.consts
+    if pending is not None and plan.record and c.delayed:  # this GEMM's row of the pending amaxes
+        pending = grad_state(m, plan.gemm)[0] if pending is m._buffers["fp8_grad_pending"] else pending[plan.gemm]
+    else:
+        pending = None
+    return fmt_dtype(plan, _G), (g_plan if c.delayed else None), pending, (g_slot if pending is not None else None)
 
 
 def _wgrad_dy(gq, gqt, plan: Plan):

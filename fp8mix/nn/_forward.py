@@ -17,7 +17,7 @@ import torch
 
 from .. import ops
 from ..autocast import current_frame, note_module_ran
-from ..formats import Format, Granularity, fp8_dtype
+from ..formats import Granularity, fp8_dtype
 from . import _casts
 from ._axis import axis_forward
 from ._casts import Plan, all_reduce_max, cast_input, cast_weight, delayed_spec, input_layout, python_algo_scale
@@ -55,7 +55,7 @@ def frame_for(m, frame):
     return dataclasses.replace(frame, recipe=m.fp8_recipe)
 
 
-def _check_input(m, x: torch.Tensor, in_features: int) -> None:
+def _check_input(m, x: torch.Tensor, weight: torch.Tensor, in_features: int) -> None:
     name = type(m).__name__
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"fp8mix.{name}: input must be a tensor, got {type(x).__name__}")
@@ -63,9 +63,9 @@ def _check_input(m, x: torch.Tensor, in_features: int) -> None:
         raise ValueError(f"fp8mix.{name}: input has shape {tuple(x.shape)}, expected (..., {in_features})")
     if x.dtype not in _HP:
         raise TypeError(f"fp8mix.{name}: input must be float32, bfloat16 or float16, got {x.dtype}")
-    if x.device != m.weight.device:
-        raise ValueError(f"fp8mix.{name}: input is on {x.device}, weight on {m.weight.device}")
-    if x.device.type != "cpu" and not ops.has_kernels("scaled_mm", x.device):
+    if x.device != weight.device:
+        raise ValueError(f"fp8mix.{name}: input is on {x.device}, weight on {weight.device}")
+    if not x.is_cpu and not ops.has_kernels("scaled_mm", x.device):
         raise NotImplementedError(f"fp8mix.{name}: this build has no FP8 kernels for {x.device}; "
                                   "run outside fp8_autocast or build fp8mix with CUDA")
 
@@ -91,9 +91,9 @@ def _plan_rounding(m, plan: Plan, rows: int, in_f: int, out_f: int, weight_cast:
     forward advances the stream past them; a read-only one leaves it, but its GEMMs after
     the first start where a training forward's would (after the earlier GEMMs' words), so
     a read-only forward of a multi-GEMM module computes what a training forward does."""
-    r = plan.recipe
-    if not r.stochastic():
+    if not plan.consts.stochastic:
         return
+    r = plan.recipe
     # BlockScaling casts x and dy twice; the along-reduction recipes x, W and dy (fp8mix.nn._axis)
     block = r.granularity("input") == Granularity.BLOCK or r.along_reduction()
     sizes = [(0, "input", rows * in_f, True), (3, "input", rows * in_f, block),
@@ -126,14 +126,15 @@ def _grad_plan(m, plan: Plan, wants_grad: bool) -> None:
     """Delayed scaling: record the grad_output amaxes earlier backwards left (training
     forwards only), and take the scale and slot this call's backward uses."""
     recipe, g = plan.recipe, plan.gemm
-    fmt = fp8_dtype(plan.fmts[2])
-    if callable(recipe.amax_compute_algo) and plan.record:
+    if plan.consts.python_algo and plan.record:
         _flush_python_algo(m, recipe, plan.fmts[2], g)
+    b = m._buffers
+    pending, slot = _casts.grad_state(m, g)
     plan.g_plan, plan.g_slot = ops.delayed_flush(
-        m.fp8_amax_history, m.fp8_scale, m.fp8_steps, m.fp8_grad_pending[g], m.fp8_grad_slot[g],
-        role=plan.role(2), fp8_dtype=fmt, spec=delayed_spec(recipe), record=plan.record,
+        b["fp8_amax_history"], b["fp8_scale"], b["fp8_steps"], pending, slot, role=3 * g + 2,
+        fp8_dtype=_casts.fmt_dtype(plan, 2), spec=plan.consts.spec, record=plan.record,
         reserve=plan.record and wants_grad)
-    plan.grad_fresh = m._maybe_fresh[plan.role(2)]
+    plan.grad_fresh = m._maybe_fresh[3 * g + 2]
 
 
 def _flush_python_algo(m, recipe, fmt, g: int) -> None:
@@ -174,42 +175,50 @@ def fp8_forward(m, x: torch.Tensor, weight: torch.Tensor, bias, *, layout: str, 
             return hp_forward(x)
         if not frame.enabled:  # calibrating=True, enabled=False
             return _calibrate(m, x, weight, frame, hp_forward, in_features, out_features, gemm)
-    _check_input(m, x, in_features)
+    _check_input(m, x, weight, in_features)
     note_module_ran()
     if _small_or_empty(m, x, in_features, out_features):
         return hp_forward(x)
-    x2 = x.reshape(-1, in_features)
+    x2 = x if x.dim() == 2 else x.reshape(-1, in_features)
     wants_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+    one_op_ok = input_cast is None and is_first_microbatch is not False and x2.is_cpu
     plan = _make_plan(m, x2, weight, frame, replay, recompute, layout, is_first_microbatch, wants_grad,
-                      hp_out_dtype(x, weight.dtype), gemm)
+                      hp_out_dtype(x, weight.dtype), gemm, one_op_ok)
     if plan.recipe.along_reduction():
         if input_cast is not None:
             input_layout(plan)  # raises: the fused producer casts have no along-reduction layout
         if plan.record and wants_grad and not recompute and under_saved_tensor_hooks():
             m._replay[gemm].push(plan)
         y2 = axis_forward(m, x2, weight, bias, plan, is_first_microbatch, wants_grad)
-        return y2.reshape(*x.shape[:-1], out_features)
-    with torch.no_grad():
-        if input_cast is None:
-            xq, x_sinv, x_save, x_save_sinv = cast_input(m, x2.detach(), plan, replay)
-        else:
-            with torch.enable_grad():
-                x2, xq, x_sinv, x_save, x_save_sinv = input_cast(m, x2, plan, replay)
-        wq, wqt, w_sinv = cast_weight(m, weight.detach(), plan, replay, is_first_microbatch)
-        if plan.monitor is not None:
+        return y2 if x2 is x else y2.reshape(*x.shape[:-1], out_features)
+    if plan.one_op:  # one op on detached tensors: nothing to keep out of autograd, no no_grad() needed
+        xq, x_sinv, x_save, x_save_sinv, wq, wqt, w_sinv = _casts.one_op_casts(
+            m, x2.detach(), weight.detach(), plan, wants_grad, is_first_microbatch)
+    else:
+        with torch.no_grad():
+            if input_cast is None:
+                xq, x_sinv, x_save, x_save_sinv = cast_input(m, x2.detach(), plan, replay)
+            else:
+                with torch.enable_grad():
+                    x2, xq, x_sinv, x_save, x_save_sinv = input_cast(m, x2, plan, replay)
+            wq, wqt, w_sinv = cast_weight(m, weight.detach(), plan, replay, is_first_microbatch)
+    if plan.monitor is not None:
+        with torch.no_grad():
             monitor_forward(m, plan, x2.detach(), xq, x_sinv, wq, w_sinv, is_first_microbatch is not False)
     if plan.record and wants_grad and not recompute and under_saved_tensor_hooks():
         m._replay[gemm].push(plan)  # a checkpoint may recompute this forward: it will repeat this plan
-    pending = m.fp8_grad_pending if (plan.record and plan.recipe.delayed()) else None
-    y2 = FP8LinearFunction.apply(x2, weight, bias, xq, x_sinv, x_save, x_save_sinv, wq, wqt, w_sinv, plan.g_plan,
-                                 plan.g_slot, pending, plan.rng, plan)
-    return y2.reshape(*x.shape[:-1], out_features)
+    pending = m._buffers["fp8_grad_pending"] if (plan.record and plan.consts.delayed) else None
+    fp8 = (xq, x_sinv, x_save, x_save_sinv, wq, wqt, w_sinv, plan.g_plan, plan.g_slot, pending, plan.rng)
+    y2 = FP8LinearFunction.apply(x2, weight, bias, fp8, plan)
+    return y2 if x2 is x else y2.reshape(*x.shape[:-1], out_features)
 
 
 def _make_plan(m, x2, weight, frame, replay, recompute: bool, layout: str, is_first_microbatch, wants_grad: bool,
-               out_dtype, gemm: int) -> Plan:
+               out_dtype, gemm: int, one_op_ok: bool = False) -> Plan:
     """This call's decisions: a replay's, or the recipe's with the module's FP8 state (a
-    training forward records; anything else only reads)."""
+    training forward records; anything else only reads). one_op_ok: the caller's part of
+    whether the forward casts may run as one op (plan.one_op; then the delayed flush runs
+    inside it, not here)."""
     eager = not torch.compiler.is_compiling()
     weight_cast = is_first_microbatch is not False
     if replay is not None:
@@ -220,12 +229,16 @@ def _make_plan(m, x2, weight, frame, replay, recompute: bool, layout: str, is_fi
         record = (torch.is_grad_enabled() and m.training) or frame.calibrating
         if not record:
             m._nograd_frame = frame  # for a reentrant checkpoint's recompute of this forward
-        elif not recompute:
+        elif not recompute and m._nograd_frame is not None:  # (nn.Module.__setattr__ costs a microsecond)
             m._nograd_frame = None
+    consts = _casts.recipe_consts(recipe)
     auto_use = -1
-    if replay is None and recipe.fp8_format is Format.AUTO and eager and record:
+    if replay is None and consts.fmts is None and eager and record:  # Format.AUTO
         auto_use = auto_forward(m, x2.detach(), weight.detach(), recipe, monitor, wants_grad, weight_cast, gemm)
-    fmts = list(replay.fmts) if replay is not None else [m._fmt(recipe, 3 * gemm + r) for r in range(3)]
+    if replay is not None:
+        fmts = list(replay.fmts)
+    else:
+        fmts = list(consts.fmts) if consts.fmts is not None else [m._fmt(recipe, 3 * gemm + r) for r in range(3)]
     plan = Plan(recipe, group, out_dtype, fmts, record, layout, gemm)
     plan.module, plan.auto_use = m, auto_use
     plan.tn = x2.device.type == "cuda" or _casts.TN_ON_CPU
@@ -235,9 +248,14 @@ def _make_plan(m, x2, weight, frame, replay, recompute: bool, layout: str, is_fi
     else:
         _plan_rounding(m, plan, x2.shape[0], x2.shape[1], weight.numel() // x2.shape[1], weight_cast, wants_grad,
                        grad_if_training=x2.requires_grad or weight.requires_grad)
-        if recipe.delayed():
-            m._ensure_history(recipe.amax_history_len)
-            _grad_plan(m, plan, wants_grad)
+        # Under a TorchDispatchMode (an op counter, FakeTensorMode, a debugger) the separate ops
+        # run, as on a GPU: what such a mode observes does not depend on the device.
+        plan.one_op = (one_op_ok and eager and consts.one_op and group is None and not plan.skips
+                       and not torch._C._len_torch_dispatch_stack())
+        if consts.delayed:
+            m._ensure_history(consts.spec.history_len)
+            if not plan.one_op:
+                _grad_plan(m, plan, wants_grad)
     if monitor is not None and eager and record and monitor.sampling:
         plan.monitor, plan.name = monitor, m._fp8_label()
     return plan
@@ -248,7 +266,7 @@ def _calibrate(m, x, weight, frame, hp_forward, in_features: int, out_features: 
     input and weight amaxes recorded (Transformer Engine's calibration)."""
     recipe = frame.recipe
     if recipe.delayed() and x.numel() and min(in_features, out_features) >= m.fp8_min_features:
-        _check_input(m, x, in_features)
+        _check_input(m, x, weight, in_features)
         note_module_ran()
         spec = delayed_spec(recipe)
         group = reduce_group(frame.group)

@@ -21,22 +21,14 @@ import torch
 
 from .. import ops
 from ..formats import Granularity
-from ..ops import MmScale
-from ._casts import Plan, grad_casts, recast_weight
+from ._casts import Plan, grad_casts, grad_operands, recast_weight
 from .observe import observe_grad
 
 __all__ = ["FP8LinearFunction"]
 
-_KINDS = {Granularity.TENSOR: (MmScale.TENSOR, MmScale.TENSOR), Granularity.BLOCK: (MmScale.BLOCK, MmScale.BLOCK)}
-
-
-def _kinds(plan: Plan):
-    return _KINDS[Granularity.BLOCK if plan.recipe.granularity("input") == Granularity.BLOCK else Granularity.TENSOR]
-
-
 def _block_t(s: torch.Tensor, plan: Plan) -> torch.Tensor:
     """A 128x128-block weight scale as the other GEMM operand layout needs it."""
-    return s.t().contiguous() if plan.recipe.granularity("weight") == Granularity.BLOCK2D else s
+    return s.t().contiguous() if plan.consts.w_block2d else s
 
 
 def _weight_operand(wq, wqt, w_sinv, plan: Plan, *, dgrad: bool):
@@ -56,10 +48,12 @@ class FP8LinearFunction(torch.autograd.Function):
     """y = x W^T + b (W as (N, K)) or x W + b (W as (K, N), layout "in_out")."""
 
     @staticmethod
-    def forward(ctx, x2, weight, bias, xq, x_sinv, x_save, x_save_sinv, wq, wqt, w_sinv, g_plan, g_slot, pending,
-                rng, plan: Plan):
+    def forward(ctx, x2, weight, bias, fp8: tuple, plan: Plan):
+        # fp8: the FP8 operands and state (none of them requires grad) as one argument, not
+        # eleven: autograd.Function.apply's cost grows with its argument count
+        xq, x_sinv, x_save, x_save_sinv, wq, wqt, w_sinv, g_plan, g_slot, pending, rng = fp8
         b, sb = _weight_operand(wq, wqt, w_sinv, plan, dgrad=False)
-        y = ops.scaled_mm(xq, b, x_sinv, sb, bias=bias, out_dtype=plan.out_dtype, scale_kinds=_kinds(plan))
+        y = ops.scaled_mm(xq, b, x_sinv, sb, bias=bias, out_dtype=plan.out_dtype, scale_kinds=plan.consts.kinds)
         if x_save is None:  # per-tensor recipes keep the forward's FP8 x itself (in_out: as x^T, a view)
             x_save, x_save_sinv = (xq.t() if plan.layout == "in_out" else xq), x_sinv
         if plan.w_recast is not None:  # backward casts W again: keep the weight, not its FP8 copy
@@ -85,13 +79,15 @@ class FP8LinearFunction(torch.autograd.Function):
             plan.backward_done = True  # (checkpoint replay bookkeeping, eager only)
         dy2 = dy if dy.dtype in (torch.float32, torch.bfloat16, torch.float16) else dy.float()
         want_db = ctx.bias_dtype is not None and ctx.needs_input_grad[2]
+        if plan.one_op and plan.layout == "out_in" and not plan.tn and not torch.is_grad_enabled():
+            return _one_op_backward(ctx, plan, dy2, x_save, x_sinv, wq, w_sinv, g_plan, g_slot, want_db)
         gq, g_sinv, gw, gw_sinv, db, gran = grad_casts(plan.module, dy2, plan, g_plan, g_slot, rng, want_db,
                                                        ctx.pending)
         if not torch.compiler.is_compiling() and plan.record:
             observe_grad(plan, dy2, gq, g_sinv, gran)
         if torch.is_grad_enabled():  # create_graph=True
             return _double_backward(ctx, dy2, gq, g_sinv, x_save, x_sinv, wq, w_sinv, gran)
-        kinds = _kinds(plan)
+        kinds = plan.consts.kinds
         dx = dw = None
         if ctx.needs_input_grad[0]:  # dx = dy W (Linear) or dy W^T (in_out)
             b, sb = _weight_operand(wq, wqt, w_sinv, plan, dgrad=True)
@@ -104,7 +100,25 @@ class FP8LinearFunction(torch.autograd.Function):
                 dw = ops.scaled_mm(gw, bx, gw_sinv, x_sinv, out_dtype=ctx.w_dtype, scale_kinds=kinds)
         if db is not None and ctx.bias_dtype != torch.float32:
             db = db.to(ctx.bias_dtype)
-        return dx, dw, db, None, None, None, None, None, None, None, None, None, None, None, None
+        return dx, dw, db, None, None
+
+
+def _one_op_backward(ctx, plan: Plan, dy2, x_save, x_sinv, wq, w_sinv, g_plan, g_slot, want_db: bool):
+    """backward's common case as one op (ops.linear_backward: grad_cast, dgrad, wgrad, the
+    same calls in the same order): a Linear whose forward casts were one op (plan.one_op:
+    eager, CPU, per-tensor, no process group, no stochastic rounding), without a graph."""
+    fdt, gp, pending, slot = grad_operands(plan.module, plan, g_plan, g_slot, ctx.pending)
+    r, c = plan.recipe, plan.consts
+    dx, dw, db, gq, g_sinv = ops.linear_backward(
+        dy2, wq, w_sinv, x_save, x_sinv, fp8_dtype=fdt, plan=gp, pending=pending, slot=slot, margin=r.margin,
+        power_2_scale=r.power_2_scale, amax_epsilon=c.eps, colsum=want_db, want_dx=ctx.needs_input_grad[0],
+        want_dw=ctx.needs_input_grad[1], dx_dtype=ctx.x_dtype, dw_dtype=ctx.w_dtype)
+    if plan.record:
+        observe_grad(plan, dy2, gq, g_sinv, Granularity.TENSOR)
+    db = db if want_db else None
+    if db is not None and ctx.bias_dtype != torch.float32:
+        db = db.to(ctx.bias_dtype)
+    return (dx if ctx.needs_input_grad[0] else None), (dw if ctx.needs_input_grad[1] else None), db, None, None
 
 
 def _engine_wants(t) -> bool:
@@ -146,4 +160,4 @@ def _double_backward(ctx, dy2, gq, g_sinv, x_save, x_sinv, wq, w_sinv, gran):
                            "create_graph=True) for gradient penalties), or run this layer outside fp8_autocast")
     if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
         db = dyd.sum(0).to(ctx.bias_dtype)
-    return dx, dw, db, None, None, None, None, None, None, None, None, None, None, None, None
+    return dx, dw, db, None, None

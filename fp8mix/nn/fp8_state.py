@@ -150,7 +150,8 @@ class FP8StateMixin(_Module):
 
     def _ensure_history(self, length: int) -> None:
         """Grow the history buffer for a recipe longer than it (rows kept, new rows empty)."""
-        h = self.fp8_amax_history
+        # from _buffers, not through nn.Module.__getattr__: this runs every forward (always registered)
+        h: torch.Tensor = self._buffers["fp8_amax_history"]  # type: ignore[assignment]
         if length <= h.shape[0]:
             return
         new = torch.zeros(length, h.shape[1], dtype=h.dtype, device=h.device)

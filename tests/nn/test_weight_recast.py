@@ -122,3 +122,25 @@ def test_first_microbatch_cache_is_kept_not_recast():
             fp8mix.fp8_autocast():
         m(torch.randn(8, 48).requires_grad_(), is_first_microbatch=True)
     assert sorted(tuple(t.shape) for t in saved if t is not None and t.dtype in FP8) == [(8, 48), (40, 48)]
+
+
+@pytest.mark.parametrize("recipe", ["delayed", "current"])
+def test_two_forwards_then_one_backward(recipe):
+    """The second forward records a new weight scale before the first forward's backward
+    runs: each backward re-casts with its own forward's scale, as the kept copies were."""
+    got = {}
+    for recast in (False, True):
+        m = _module("linear", recast)
+        m.load_state_dict(_module("linear", recast=False).state_dict() if "two" not in _START else _START["two"])
+        _START.setdefault("two", {k: v.clone() for k, v in m.state_dict().items()})
+        gen = torch.Generator().manual_seed(3)
+        xs = [torch.randn(24, 48, generator=gen) * s for s in (1.0, 7.0)]
+        with fp8mix.fp8_autocast(fp8_recipe=RECIPES[recipe]()):
+            with torch.no_grad():
+                m.weight.mul_(1.0)
+            loss = m(xs[0]).square().sum()
+            loss = loss + m(xs[1]).square().sum()
+        loss.backward()
+        got[recast] = [m.weight.grad.clone(), m.bias.grad.clone(), m.fp8_scale.clone()]
+    for a, b in zip(got[False], got[True]):
+        assert torch.equal(a, b)
