@@ -41,8 +41,10 @@ Targets (issue #17; fp8mix's ISA decides which apply):
   overhead:  per-layer Python + dispatch time <= 100 us (FP8 step minus float32 step at 64)
   memory:    FP8 step peak <= float32's (both peaks), saved activation <= 30% of float32's.
              With the caller keeping x the FP8 step holds what float32's does (y, dx, dW) plus
-             its FP8 operands x, W and dy (S^2 bytes each): the floor is 1 + 3/12 = 1.25x
-             float32's 3 S^2 x 4 bytes, unless casts are fused into the GEMM's packing.
+             its FP8 operands x and dy (S^2 bytes each; W's FP8 copy is freed after dgrad,
+             before dW exists): the floor is 1 + 2/12 = 1.17x float32's 3 S^2 x 4 bytes,
+             unless dy's cast is fused into the GEMMs' packing (x's FP8 copy is the saved
+             activation).
   torchao:   fp8mix (delayed) step <= 0.5x torchao tensorwise's, per layer and for Llama
 """
 from __future__ import annotations
@@ -302,7 +304,7 @@ def layer_table(sizes, variants, warmup, iters, isa, fails, tao_budget):
                   f"| {verdict(not missed) if checks else ''} |", flush=True)
         del cases
     print("\n- peak: the caller keeps x; peak (act): x an activation of the step (see the docstring). With x kept, "
-          "an FP8 step holds float32's y, dx, dW plus its FP8 x, W and dy: floor 1.25x float32's peak")
+          "an FP8 step holds float32's y, dx, dW plus its FP8 x and dy: floor 1.17x float32's peak")
 
 
 def overhead_row(warmup, iters, fails):

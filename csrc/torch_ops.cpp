@@ -1667,21 +1667,40 @@ linear_current_casts_cpu(const at::Tensor &x, const at::Tensor &w, at::ScalarTyp
 
 // A linear layer's backward (W as (N, K), x kept as (M, K), per-tensor scales): grad_cast
 // of dy, then dgrad dx = dy W and wgrad dW = dy^T x with scaled_mm_cpu, as one op (the
-// same calls in the same order as the separate ops; dy^T is the cast's transposed view).
+// same calls as the separate ops; dy^T is the cast's transposed view). With w_scale or
+// w_amax, `w` is the high-precision weight and is cast here first, as the forward cast it
+// (cast_cpu with w_scale; delayed scaling), or with compute_scale_cpu's scale of w_amax
+// (current scaling; margin, pow2, eps are the recipe's, shared by all roles). That FP8
+// copy is dropped before wgrad allocates dW, so it never coexists with dW.
 // dx / dW are empty when not wanted. Returns (dx, dW, colsum of dy, dy's FP8, scale_inv).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
-linear_backward_cpu(const at::Tensor &dy, const at::Tensor &wq, const at::Tensor &w_sinv, const at::Tensor &xq,
+linear_backward_cpu(const at::Tensor &dy, const at::Tensor &w, const at::Tensor &w_sinv, const at::Tensor &xq,
                     const at::Tensor &x_sinv, at::ScalarType fp8_dtype, const c10::optional<at::Tensor> &plan,
                     const c10::optional<at::Tensor> &pending, const c10::optional<at::Tensor> &slot, int64_t margin,
                     bool pow2, double eps, bool colsum, bool want_dx, bool want_dw, at::ScalarType dx_dtype,
-                    at::ScalarType dw_dtype)
+                    at::ScalarType dw_dtype, const c10::optional<at::Tensor> &w_scale,
+                    const c10::optional<at::Tensor> &w_amax, c10::optional<at::ScalarType> w_fp8_dtype)
 {
+    const char *op = "linear_backward";
     const c10::optional<at::Tensor> none;
+    TORCH_CHECK_VALUE(!(w_scale && w_amax), "fp8mix.", op, ": pass w_scale or w_amax, not both");
+    const bool recast = w_scale.has_value() || w_amax.has_value();
+    TORCH_CHECK_VALUE(!recast || w_fp8_dtype.has_value(), "fp8mix.", op,
+                      ": w_fp8_dtype is required with w_scale / w_amax (the weight's FP8 format)");
     auto gc = grad_cast_cpu(dy, fp8_dtype, plan, pending, slot, margin, pow2, eps, false, colsum, true, none, 0);
     const at::Tensor &gq = std::get<0>(gc), &g_sinv = std::get<2>(gc);
     const int64_t t = FP8MIX_MM_SCALE_TENSOR;
-    at::Tensor dx = want_dx ? scaled_mm_cpu(gq, wq, g_sinv, w_sinv, none, dx_dtype, "fp32", 128, t, t)
-                            : at::empty({0}, dy.options().dtype(dx_dtype));
+    at::Tensor dx = at::empty({0}, dy.options().dtype(dx_dtype));
+    if (want_dx) {
+        at::Tensor wq = w;
+        if (recast) {
+            at::Tensor s = w_scale ? *w_scale : std::get<0>(compute_scale_cpu(w_amax->reshape({1}), *w_fp8_dtype,
+                                                                             margin, pow2, eps));
+            wq = std::get<0>(cast_cpu(w, s, *w_fp8_dtype, FP8MIX_GRAN_TENSOR, true, false, 0, 0, true, false, true,
+                                      none, 0));
+        }
+        dx = scaled_mm_cpu(gq, wq, g_sinv, w_sinv, none, dx_dtype, "fp32", 128, t, t);
+    } // the re-cast W is freed here, before dW exists
     at::Tensor dw = want_dw ? scaled_mm_cpu(gq.t(), xq, g_sinv, x_sinv, none, dw_dtype, "fp32", 128, t, t)
                             : at::empty({0}, dy.options().dtype(dw_dtype));
     return {dx, dw, std::get<4>(gc), gq, g_sinv};
@@ -1694,7 +1713,8 @@ TORCH_LIBRARY_FRAGMENT(fp8mix, m)
     m.def("linear_backward(Tensor dy, Tensor wq, Tensor w_scale_inv, Tensor xq, Tensor x_scale_inv, "
           "ScalarType fp8_dtype, Tensor? plan=None, Tensor(a!)? pending=None, Tensor? slot=None, int margin=0, "
           "bool power_2_scale=False, float amax_epsilon=0.0, bool colsum=False, bool want_dx=True, "
-          "bool want_dw=True, ScalarType dx_dtype=float, ScalarType dw_dtype=float) "
+          "bool want_dw=True, ScalarType dx_dtype=float, ScalarType dw_dtype=float, Tensor? w_scale=None, "
+          "Tensor? w_amax=None, ScalarType? w_fp8_dtype=None) "
           "-> (Tensor dx, Tensor dw, Tensor colsum, Tensor gq, Tensor scale_inv)");
     m.def("linear_delayed_casts(Tensor x, Tensor w, Tensor(a!) amax_history, Tensor(b!) scale, Tensor(c!) steps, "
           "Tensor(d!) pending, Tensor(e!) next_slot, int gemm, int history_len, ScalarType x_dtype, "

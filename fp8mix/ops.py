@@ -234,12 +234,19 @@ def linear_backward(dy: torch.Tensor, wq: torch.Tensor, w_scale_inv: torch.Tenso
                     pending: Optional[torch.Tensor] = None, slot: Optional[torch.Tensor] = None, margin: int = 0,
                     power_2_scale: bool = False, amax_epsilon: float = 0.0, colsum: bool = False,
                     want_dx: bool = True, want_dw: bool = True, dx_dtype: torch.dtype = torch.float32,
-                    dw_dtype: torch.dtype = torch.float32):
+                    dw_dtype: torch.dtype = torch.float32, w_scale: Optional[torch.Tensor] = None,
+                    w_amax: Optional[torch.Tensor] = None, w_fp8_dtype: Optional[torch.dtype] = None):
     """A Linear's backward with per-tensor scales as one op: grad_cast of dy (plan, pending,
     slot as grad_cast takes them), dx = dy W and dW = dy^T x (scaled_mm, W (N, K) and x (M, K)
-    in FP8): (dx, dW, colsum, dy's FP8, its scale_inv); dx / dW empty when not wanted."""
+    in FP8): (dx, dW, colsum, dy's FP8, its scale_inv); dx / dW empty when not wanted.
+
+    With ``w_scale`` (delayed scaling) or ``w_amax`` (current scaling: the scale
+    compute_scale derives from it with margin / power_2_scale / amax_epsilon), ``wq`` is the
+    high-precision weight, cast here to ``w_fp8_dtype`` as the forward cast it (round to
+    nearest, saturating, inf to NaN) and freed after dgrad, before dW is allocated."""
     return _ops.linear_backward(dy, wq, w_scale_inv, xq, x_scale_inv, fp8_dtype, plan, pending, slot, margin,
-                                power_2_scale, amax_epsilon, colsum, want_dx, want_dw, dx_dtype, dw_dtype)
+                                power_2_scale, amax_epsilon, colsum, want_dx, want_dw, dx_dtype, dw_dtype,
+                                w_scale, w_amax, w_fp8_dtype)
 
 
 # ---- fused producer casts: a norm / an activation written as FP8 (csrc/core/norm.c, act.c) ----
@@ -462,7 +469,8 @@ def _linear_current_casts_fake(x, w, x_dtype, w_dtype, margin=0, power_2_scale=F
 @torch.library.register_fake("fp8mix::linear_backward")
 def _linear_backward_fake(dy, wq, w_scale_inv, xq, x_scale_inv, fp8_dtype, plan=None, pending=None, slot=None,
                           margin=0, power_2_scale=False, amax_epsilon=0.0, colsum=False, want_dx=True, want_dw=True,
-                          dx_dtype=torch.float32, dw_dtype=torch.float32):
+                          dx_dtype=torch.float32, dw_dtype=torch.float32, w_scale=None, w_amax=None,
+                          w_fp8_dtype=None):
     gq, _, sinv, _, cs = _grad_cast_fake(dy, fp8_dtype, colsum=colsum)
     dx = dy.new_empty((dy.shape[0], wq.shape[1]) if want_dx else (0,), dtype=dx_dtype)
     dw = dy.new_empty((dy.shape[1], xq.shape[1]) if want_dw else (0,), dtype=dw_dtype)

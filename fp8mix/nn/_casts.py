@@ -392,20 +392,18 @@ def recast_weight(w: torch.Tensor, plan: Plan):
     return wq, (wqt if plan.tn else None)
 
 
-def grad_casts(m, dy2: torch.Tensor, plan: Plan, g_plan, g_slot, rng, want_db: bool, pending=None):
+def grad_casts(m, dy2: torch.Tensor, plan: Plan, g_plan, g_slot, rng, want_db: bool, pending=None, *,
+               wgrad_later: bool = False):
     """grad_output casts: (gq for dgrad, g_sinv, wgrad operand from dy, its scale_inv,
-    bias gradient in float32 or None, granularity of gq)."""
+    bias gradient in float32 or None, granularity of gq). Block scaling casts dy twice (the
+    two GEMMs want blocks along different axes); with ``wgrad_later`` the second cast is
+    left to the caller (:func:`block_wgrad_cast`, after dgrad), and the wgrad operand and its
+    scale are returned as None, so the two FP8 copies of dy never coexist."""
     recipe, fmt, c = plan.recipe, plan.fmts[_G], plan.consts
-    in_out = plan.layout == "in_out"
     sr = _NO_SR if plan.skips.get(_G) is None else {"rng": rng, "rng_skip": plan.skips[_G]}
     if c.g_block:  # 1x128 tiles along N for dgrad
         gq, _, g_sinv, _ = _current(dy2, fmt, recipe, _BLOCK, plan.group, sr=sr)
-        sr2 = {} if plan.skips.get(4) is None else {"rng": rng, "rng_skip": plan.skips[4]}
-        if in_out:  # wgrad's B = dy in 128x128 blocks (M-contiguous for tn: its transpose's view)
-            g2, g2t, gw_sinv, _ = _current(dy2, fmt, recipe, _BLOCK2D, plan.group, sr=sr2, transpose=plan.tn)
-            gw = g2t.t() if plan.tn else g2
-        else:  # wgrad's A = dy^T in 1x128 tiles along M
-            gw, _, gw_sinv, _ = _current(dy2.t(), fmt, recipe, _BLOCK, plan.group, sr=sr2)
+        gw, gw_sinv = (None, None) if wgrad_later else block_wgrad_cast(dy2, plan, rng)
         db = dy2.sum(0, dtype=torch.float32) if want_db else None
         return gq, g_sinv, gw, gw_sinv, db, _BLOCK
     if plan.group is not None:  # every rank the same scale, and the same amax left pending
@@ -415,6 +413,20 @@ def grad_casts(m, dy2: torch.Tensor, plan: Plan, g_plan, g_slot, rng, want_db: b
         dy2, fdt, plan=g_plan, pending=pending, slot=g_slot, margin=recipe.margin,
         power_2_scale=recipe.power_2_scale, amax_epsilon=c.eps, transpose=plan.tn, colsum=want_db, **sr)
     return gq, g_sinv, _wgrad_dy(gq, gqt, plan), g_sinv, (db if want_db else None), _TENSOR
+
+
+def block_wgrad_cast(dy2: torch.Tensor, plan: Plan, rng):
+    """Block scaling's wgrad operand from dy and its scale_inv: dy^T in 1x128 tiles along M
+    (Linear's A), or dy in 128x128 blocks (Conv1D's B; M-contiguous for tn: its transpose's
+    view). Its stochastic rounding words have their own offset (skips[4]): the same bits
+    whether this cast runs before or after dgrad."""
+    recipe, fmt = plan.recipe, plan.fmts[_G]
+    sr2 = {} if plan.skips.get(4) is None else {"rng": rng, "rng_skip": plan.skips[4]}
+    if plan.layout == "in_out":
+        g2, g2t, gw_sinv, _ = _current(dy2, fmt, recipe, _BLOCK2D, plan.group, sr=sr2, transpose=plan.tn)
+        return (g2t.t() if plan.tn else g2), gw_sinv
+    gw, _, gw_sinv, _ = _current(dy2.t(), fmt, recipe, _BLOCK, plan.group, sr=sr2)
+    return gw, gw_sinv
 
 
 def grad_operands(m, plan: Plan, g_plan, g_slot, pending):

@@ -21,7 +21,7 @@ import torch
 
 from .. import ops
 from ..formats import Granularity
-from ._casts import Plan, grad_casts, grad_operands, recast_weight
+from ._casts import _W, Plan, block_wgrad_cast, fmt_dtype, grad_casts, grad_operands, recast_weight
 from .observe import observe_grad
 
 __all__ = ["FP8LinearFunction"]
@@ -72,17 +72,17 @@ class FP8LinearFunction(torch.autograd.Function):
     def backward(ctx, dy):
         x_save, x_sinv, wq, wqt, w_sinv, g_plan, g_slot, rng = ctx.saved_tensors
         plan = ctx.plan
-        if plan.w_recast is not None:
-            with torch.no_grad():
-                wq, wqt = recast_weight(wq.detach(), plan)
         if not torch.compiler.is_compiling():
             plan.backward_done = True  # (checkpoint replay bookkeeping, eager only)
         dy2 = dy if dy.dtype in (torch.float32, torch.bfloat16, torch.float16) else dy.float()
         want_db = ctx.bias_dtype is not None and ctx.needs_input_grad[2]
         if plan.one_op and plan.layout == "out_in" and not plan.tn and not torch.is_grad_enabled():
             return _one_op_backward(ctx, plan, dy2, x_save, x_sinv, wq, w_sinv, g_plan, g_slot, want_db)
+        if plan.w_recast is not None:
+            with torch.no_grad():
+                wq, wqt = recast_weight(wq.detach(), plan)
         gq, g_sinv, gw, gw_sinv, db, gran = grad_casts(plan.module, dy2, plan, g_plan, g_slot, rng, want_db,
-                                                       ctx.pending)
+                                                       ctx.pending, wgrad_later=True)
         if not torch.compiler.is_compiling() and plan.record:
             observe_grad(plan, dy2, gq, g_sinv, gran)
         if torch.is_grad_enabled():  # create_graph=True
@@ -92,6 +92,12 @@ class FP8LinearFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0]:  # dx = dy W (Linear) or dy W^T (in_out)
             b, sb = _weight_operand(wq, wqt, w_sinv, plan, dgrad=True)
             dx = ops.scaled_mm(gq, b, g_sinv, sb, out_dtype=ctx.x_dtype, scale_kinds=kinds)
+            b = sb = None
+        if gw is None and ctx.needs_input_grad[1]:  # block scaling: dy's second cast, once dgrad's is freed
+            gq = None
+            gw, gw_sinv = block_wgrad_cast(dy2, plan, rng)
+        if plan.w_recast is not None:  # the re-cast weight, before dW is allocated
+            wq = wqt = None
         if ctx.needs_input_grad[1]:  # dW = dy^T x (Linear) or x^T dy (in_out)
             if plan.layout == "in_out":  # A = x^T (K, M): a cast's transpose or a view of x
                 dw = ops.scaled_mm(x_save, gw, x_sinv, gw_sinv, out_dtype=ctx.w_dtype, scale_kinds=kinds)
@@ -109,10 +115,15 @@ def _one_op_backward(ctx, plan: Plan, dy2, x_save, x_sinv, wq, w_sinv, g_plan, g
     eager, CPU, per-tensor, no process group, no stochastic rounding), without a graph."""
     fdt, gp, pending, slot = grad_operands(plan.module, plan, g_plan, g_slot, ctx.pending)
     r, c = plan.recipe, plan.consts
+    recast = {}
+    if plan.w_recast is not None:  # wq is the weight: the op casts it again and frees it before dW
+        kind, v = plan.w_recast
+        recast = {"w_scale" if kind == "scale" else "w_amax": v, "w_fp8_dtype": fmt_dtype(plan, _W)}
+        wq = wq.detach()
     dx, dw, db, gq, g_sinv = ops.linear_backward(
         dy2, wq, w_sinv, x_save, x_sinv, fp8_dtype=fdt, plan=gp, pending=pending, slot=slot, margin=r.margin,
         power_2_scale=r.power_2_scale, amax_epsilon=c.eps, colsum=want_db, want_dx=ctx.needs_input_grad[0],
-        want_dw=ctx.needs_input_grad[1], dx_dtype=ctx.x_dtype, dw_dtype=ctx.w_dtype)
+        want_dw=ctx.needs_input_grad[1], dx_dtype=ctx.x_dtype, dw_dtype=ctx.w_dtype, **recast)
     if plan.record:
         observe_grad(plan, dy2, gq, g_sinv, Granularity.TENSOR)
     db = db if want_db else None

@@ -117,6 +117,31 @@ def test_linear_backward_equals_the_separate_ops(delayed, want):
         torch.testing.assert_close(got[0].double(), ref, rtol=1e-2, atol=1e-6)
 
 
+@pytest.mark.parametrize("kind", ["scale", "amax"])
+@pytest.mark.parametrize("wdtype", [torch.float32, torch.bfloat16])
+def test_linear_backward_recasts_the_weight_as_the_forward_did(kind, wdtype):
+    """With w_scale (delayed) / w_amax (current) the op takes the high-precision weight and
+    casts it itself: the same bits as casting it first (ops.cast with that scale, or with
+    compute_scale's scale of the amax) and passing the FP8 weight; also checked against
+    torch's own float8 cast of W * scale."""
+    torch.manual_seed(6)
+    x, w, dy = torch.randn(24, 48), (torch.randn(40, 48) * 0.1).to(wdtype), torch.randn(24, 40) * 1e-3
+    xq, _, xs, _ = ops.quantize_current(x, E4)
+    amax = w.float().abs().amax()
+    scale, ws = ops.compute_scale(amax.reshape(1), E4, margin=1)
+    wq, _, _ = ops.cast(w, scale, E4, inf_to_nan=True)
+    ref_q = (w.float() * scale).to(E4)  # torch's cast (round to nearest even, saturating here: |w s| <= 448)
+    assert torch.equal(_bits(wq), _bits(ref_q))
+    arg = {"w_scale": scale} if kind == "scale" else {"w_amax": amax}
+    got = ops.linear_backward(dy, w, ws, xq, xs, fp8_dtype=E5, margin=1, w_fp8_dtype=E4, **arg)
+    exp = ops.linear_backward(dy, wq, ws, xq, xs, fp8_dtype=E5, margin=1)
+    assert all(_equal(g, e) for g, e in zip(got, exp))
+    with pytest.raises(ValueError, match="w_fp8_dtype is required"):
+        ops.linear_backward(dy, w, ws, xq, xs, fp8_dtype=E5, **arg)
+    with pytest.raises(ValueError, match="not both"):
+        ops.linear_backward(dy, w, ws, xq, xs, fp8_dtype=E5, w_scale=scale, w_amax=amax, w_fp8_dtype=E4)
+
+
 def test_one_op_casts_opcheck_and_errors():
     x, w = torch.randn(8, 32), torch.randn(16, 32)
     torch.library.opcheck(R.linear_delayed_casts, (x, w, *_state(), 0, 16, E4, E4, E5), {})
