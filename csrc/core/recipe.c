@@ -55,11 +55,21 @@ static void record(const fp8mix_delayed_state *st, int64_t role, fp8mix_format f
 {
     const float v = fp8r_history_value(amax);
     float *h = st->history + role;
-    for (int64_t k = r->history_len - 1; k > 0; k--) h[k * st->roles] = h[(k - 1) * st->roles];
+    const int64_t R = st->roles;
+    /* Shift and take the window's max in one strided pass (history_amax's rule: NaN skipped;
+     * a max does not depend on the order it is taken in). */
+    float a = 0.0f;
+    for (int64_t k = r->history_len - 1; k > 0; k--) {
+        const float e = h[(k - 1) * R];
+        h[k * R] = e;
+        if (e > a) a = e;
+    }
     h[0] = v;
+    if (v > a) a = v;
+    if (r->algo == FP8MIX_AMAX_MOST_RECENT) a = v;
     const int64_t steps = ++st->steps[role];
-    st->scale[role] = fp8r_delayed_scale(st->scale[role], steps, v, history_amax(st, role, r), r->interval,
-                                         fp8mix_format_max(fmt), r->margin, r->pow2);
+    st->scale[role] = fp8r_delayed_scale(st->scale[role], steps, v, a, r->interval, fp8mix_format_max(fmt),
+                                         r->margin, r->pow2);
 }
 
 fp8mix_status fp8mix_delayed_record(const fp8mix_delayed_state *st, int64_t role, fp8mix_format fmt,
