@@ -369,7 +369,7 @@ def cast_weight(m, w: torch.Tensor, plan: Plan, replay, is_first_microbatch):
 
 def _recasts(m, w: torch.Tensor, plan: Plan) -> bool:
     """Whether backward re-casts the weight rather than keeping its FP8 copy from the forward
-    to the backward: on the CPU for per-tensor weight scales (one more cast of W per step,
+    to the backward: on the CPU for per-tensor and 128x128-block weight scales (one more cast of W per step,
     a few percent of the step's GEMM time from a few hundred rows up, and no FP8 weight held
     across the step: in a model the weights' FP8 copies are a large part of the peak). A
     module's ``fp8_recast_weight`` (True / False) overrides this default; CUDA keeps the copy
@@ -377,7 +377,7 @@ def _recasts(m, w: torch.Tensor, plan: Plan) -> bool:
     choice = getattr(m, "fp8_recast_weight", None)
     if choice is None:
         choice = w.device.type == "cpu"
-    return bool(choice) and plan.recipe.granularity("weight") == _TENSOR
+    return bool(choice) and plan.recipe.granularity("weight") in (_TENSOR, _BLOCK2D)
 
 
 def recast_weight(w: torch.Tensor, plan: Plan):
@@ -385,10 +385,11 @@ def recast_weight(w: torch.Tensor, plan: Plan):
     rounding words and transpose), for a backward that did not keep it (plan.w_recast)."""
     kind, v = plan.w_recast
     recipe, fmt = plan.recipe, fp8_dtype(plan.fmts[_W])
-    if kind == "amax":  # current scaling: the scale the forward's cast derived from this amax
-        v, _ = ops.compute_scale(v.reshape(1), fmt, margin=recipe.margin, power_2_scale=recipe.power_2_scale,
-                                 amax_epsilon=float(getattr(recipe, "amax_epsilon", 0.0)))
-    wq, wqt, _ = ops.cast(w, v, fmt, transpose=plan.tn, inf_to_nan=True, **_sr(plan, _W))
+    gran = recipe.granularity("weight")  # per tensor, or 128x128 blocks (one amax per block)
+    if kind == "amax":  # current scaling: the scales the forward's cast derived from these amaxes
+        v, _ = ops.compute_scale(v.reshape(-1), fmt, margin=recipe.margin, power_2_scale=recipe.power_2_scale,
+                                 amax_epsilon=recipe_consts(recipe).eps)
+    wq, wqt, _ = ops.cast(w, v, fmt, granularity=gran, transpose=plan.tn, inf_to_nan=True, **_sr(plan, _W))
     return wq, (wqt if plan.tn else None)
 
 
@@ -415,17 +416,37 @@ def grad_casts(m, dy2: torch.Tensor, plan: Plan, g_plan, g_slot, rng, want_db: b
     return gq, g_sinv, _wgrad_dy(gq, gqt, plan), g_sinv, (db if want_db else None), _TENSOR
 
 
+_WGRAD_CHUNK_BYTES = 2 << 20  # the high-precision slab block_wgrad_cast copies at a time
+
+
 def block_wgrad_cast(dy2: torch.Tensor, plan: Plan, rng):
     """Block scaling's wgrad operand from dy and its scale_inv: dy^T in 1x128 tiles along M
     (Linear's A), or dy in 128x128 blocks (Conv1D's B; M-contiguous for tn: its transpose's
     view). Its stochastic rounding words have their own offset (skips[4]): the same bits
     whether this cast runs before or after dgrad."""
     recipe, fmt = plan.recipe, plan.fmts[_G]
-    sr2 = {} if plan.skips.get(4) is None else {"rng": rng, "rng_skip": plan.skips[4]}
+    skip = plan.skips.get(4)
+    sr2 = {} if skip is None else {"rng": rng, "rng_skip": skip}
     if plan.layout == "in_out":
         g2, g2t, gw_sinv, _ = _current(dy2, fmt, recipe, _BLOCK2D, plan.group, sr=sr2, transpose=plan.tn)
         return (g2t.t() if plan.tn else g2), gw_sinv
-    gw, _, gw_sinv, _ = _current(dy2.t(), fmt, recipe, _BLOCK, plan.group, sr=sr2)
+    n, m = dy2.shape[1], dy2.shape[0]
+    step = max(1, _WGRAD_CHUNK_BYTES // max(1, m * dy2.element_size()))
+    if plan.group is not None or step >= n:
+        gw, _, gw_sinv, _ = _current(dy2.t(), fmt, recipe, _BLOCK, plan.group, sr=sr2)
+        return gw, gw_sinv
+    # dy^T is a column-major view: the cast reads a row-major copy of it. Made whole, that
+    # copy is as large as dy and would set the backward's peak; in slabs of rows of dy^T
+    # (the tiles run along a row, so no tile is split) it stays small. Element n of the
+    # whole gets random word n: a slab starting at row r skips r * m more words.
+    gw = torch.empty(n, m, dtype=fp8_dtype(fmt), device=dy2.device)
+    gw_sinv = torch.empty(n, (m + 127) // 128, dtype=torch.float32, device=dy2.device)
+    for r in range(0, n, step):
+        part = dy2[:, r:r + step].t()
+        sr = {} if skip is None else {"rng": rng, "rng_skip": skip + r * m}
+        q, _, si, _ = _current(part, fmt, recipe, _BLOCK, None, sr=sr)
+        gw[r:r + step].copy_(q)
+        gw_sinv[r:r + step].copy_(si)
     return gw, gw_sinv
 
 

@@ -93,11 +93,11 @@ class FP8LinearFunction(torch.autograd.Function):
             b, sb = _weight_operand(wq, wqt, w_sinv, plan, dgrad=True)
             dx = ops.scaled_mm(gq, b, g_sinv, sb, out_dtype=ctx.x_dtype, scale_kinds=kinds)
             b = sb = None
+        if plan.w_recast is not None:  # the re-cast weight: freed once dgrad is done
+            wq = wqt = None
         if gw is None and ctx.needs_input_grad[1]:  # block scaling: dy's second cast, once dgrad's is freed
             gq = None
             gw, gw_sinv = block_wgrad_cast(dy2, plan, rng)
-        if plan.w_recast is not None:  # the re-cast weight, before dW is allocated
-            wq = wqt = None
         if ctx.needs_input_grad[1]:  # dW = dy^T x (Linear) or x^T dy (in_out)
             if plan.layout == "in_out":  # A = x^T (K, M): a cast's transpose or a view of x
                 dw = ops.scaled_mm(x_save, gw, x_sinv, gw_sinv, out_dtype=ctx.w_dtype, scale_kinds=kinds)

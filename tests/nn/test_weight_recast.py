@@ -9,13 +9,15 @@ import torch
 import torch.nn as nn
 
 import fp8mix
-from fp8mix.recipe import CurrentScaling, DelayedScaling
+from fp8mix.recipe import BlockScaling, CurrentScaling, DelayedScaling
 
 RECIPES = {
     "delayed": lambda: DelayedScaling(),
     "current": lambda: CurrentScaling(),
     "delayed sr": lambda: DelayedScaling(rounding="stochastic"),
     "current sr weight": lambda: CurrentScaling(rounding={"weight": "stochastic"}),
+    "block": lambda: BlockScaling(),  # 128x128-block weight scales, re-cast from their amaxes
+    "block sr": lambda: BlockScaling(rounding="stochastic"),
 }
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 _START: dict = {}
@@ -67,7 +69,7 @@ def test_recast_gives_the_bits_of_the_kept_copy(kind, recipe):
         assert torch.equal(kept_state[k], again_state[k]), k
 
 
-def _saved(recast: bool):
+def _saved(recast: bool, recipe: str = "delayed"):
     m = _module("linear", recast)
     saved = []
 
@@ -76,18 +78,21 @@ def _saved(recast: bool):
         return t
 
     x = torch.randn(24, 48).requires_grad_()
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), fp8mix.fp8_autocast():
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), fp8mix.fp8_autocast(
+            fp8_recipe=RECIPES[recipe]()):
         y = m(x)
     return m, x, y, saved
 
 
-def test_recast_keeps_no_fp8_weight_and_the_default_is_recast_on_cpu():
-    m, _, _, saved = _saved(recast=True)
+@pytest.mark.parametrize("recipe", ["delayed", "block"])
+def test_recast_keeps_no_fp8_weight_and_the_default_is_recast_on_cpu(recipe):
+    x_shape = (24, 48)
+    m, _, _, saved = _saved(recast=True, recipe=recipe)
     fp8_shapes = [tuple(t.shape) for t in saved if t is not None and t.dtype in FP8]
-    assert fp8_shapes == [(24, 48)], fp8_shapes  # x's FP8 copy only
+    assert fp8_shapes == [x_shape], fp8_shapes  # x's FP8 copy only
     assert any(t is m.weight for t in saved if t is not None)
-    _, _, _, kept = _saved(recast=False)
-    assert sorted(tuple(t.shape) for t in kept if t is not None and t.dtype in FP8) == [(24, 48), (40, 48)]
+    _, _, _, kept = _saved(recast=False, recipe=recipe)
+    assert sorted(tuple(t.shape) for t in kept if t is not None and t.dtype in FP8) == sorted([x_shape, (40, 48)])
     # no attribute set: the CPU default re-casts
     torch.manual_seed(0)
     plain = fp8mix.Linear(48, 40)
@@ -144,3 +149,30 @@ def test_two_forwards_then_one_backward(recipe):
         got[recast] = [m.weight.grad.clone(), m.bias.grad.clone(), m.fp8_scale.clone()]
     for a, b in zip(got[False], got[True]):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("recipe", ["block", "block sr"])
+def test_block_wgrad_cast_in_slabs_equals_the_whole(monkeypatch, recipe):
+    """Block scaling's wgrad cast of dy^T runs in slabs of rows (so that no float32 copy of
+    the whole dy^T is made): gradients, outputs and state are the bits of the one-piece
+    cast, stochastic rounding's words included; and the one-piece cast is checked against
+    a float64 reference of 1x128 tiles along M (amax, scale, round to nearest)."""
+    from fp8mix.nn import _casts
+
+    whole, whole_state = _steps("linear", recipe, recast=True)
+    monkeypatch.setattr(_casts, "_WGRAD_CHUNK_BYTES", 24 * 4 * 3)  # 3 rows of dy^T per slab: 14 slabs of 40
+    slabs, slabs_state = _steps("linear", recipe, recast=True)
+    for i, (a, b) in enumerate(zip(whole, slabs)):
+        assert torch.equal(a, b), f"tensor {i} differs"
+    for k in whole_state:
+        assert torch.equal(whole_state[k], slabs_state[k]), k
+    if recipe == "block":  # the tiles against float64: dy^T (40, 24) in one 1x128 tile per row
+        plan = _casts.Plan(BlockScaling(), None, torch.float32, [None, None, fp8mix.Format.E5M2], False, "out_in", 0)
+        plan.skips = {}
+        dy = torch.randn(24, 40, dtype=torch.float64)
+        gw, sinv = _casts.block_wgrad_cast(dy.float(), plan, None)
+        amax = dy.t().abs().amax(dim=1, keepdim=True)
+        scale = (57344.0 / amax).float()  # E5M2 max over amax, margin 0
+        ref = (dy.t().float() * scale).to(torch.float8_e5m2)
+        assert torch.equal(gw.view(torch.uint8), ref.view(torch.uint8))
+        torch.testing.assert_close(sinv, 1.0 / scale, rtol=2.4e-7, atol=0)  # within 1 ulp of float32's 1 / scale
