@@ -180,7 +180,7 @@ class Case:
             self.layer.weight.add_(0.0)
         self.zero_grad()
         x = self.x * 1.0
-        with fp8_context(self.variant):
+        with fp8_context(self.variant, self.recipe):  # the recipe built once, as step() uses it
             y = self.layer(x)
         del x
         y.backward(self.g.to(y.dtype))

@@ -13,6 +13,8 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include <string.h>
+
 #include "internal.h"
 
 /* ---- checks ----------------------------------------------------------------- */
@@ -148,7 +150,25 @@ fp8mix_status fp8mix_cast_delayed(const void *x, fp8mix_dtype xt, int64_t rows, 
     return FP8MIX_OK;
 }
 
-/* colsum[j] = sum_i x[i][j], rows in order; vectorisable over j. */
+/* acc[j] += row[j], four columns at a time with the compiler's vector
+ * extension (GCC does not vectorise the plain loop at -O2): each column
+ * still adds its rows in order, so the sums are the scalar loop's. */
+typedef float v4f __attribute__((vector_size(16)));
+
+static void add_row_f32(float *acc, const float *row, int64_t cols)
+{
+    int64_t j = 0;
+    for (; j + 4 <= cols; j += 4) {
+        v4f a, r;
+        memcpy(&a, acc + j, sizeof a);
+        memcpy(&r, row + j, sizeof r);
+        a = a + r;
+        memcpy(acc + j, &a, sizeof a);
+    }
+    for (; j < cols; j++) acc[j] += row[j];
+}
+
+/* colsum[j] = sum_i x[i][j], rows in order. */
 static void column_sums(const void *x, fp8mix_dtype xt, int64_t rows, int64_t cols, int64_t ld, float *colsum)
 {
     for (int64_t j = 0; j < cols; j++) colsum[j] = 0.0f;
@@ -156,8 +176,7 @@ static void column_sums(const void *x, fp8mix_dtype xt, int64_t rows, int64_t co
     for (int64_t i = 0; i < rows; i++) {
         const uint8_t *row = (const uint8_t *)x + (size_t)i * (size_t)ld * es;
         if (xt == FP8MIX_F32) {
-            const float *rf = (const float *)row;
-            for (int64_t j = 0; j < cols; j++) colsum[j] += rf[j];
+            add_row_f32(colsum, (const float *)row, cols);
         } else {
             for (int64_t j = 0; j < cols; j++) colsum[j] += load_f32(row, xt, j);
         }
