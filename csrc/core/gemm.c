@@ -204,9 +204,54 @@ static inline void epilogue_one(const fp8mix_gemm_args *g, int64_t i, int64_t j0
         for (int64_t c = 0; c < n; c++) o[c] = fp8r_f32_to_f16(src[c]);
 }
 
+/* dst = s * src, then + bias when given: mul_scalar then add_cols of epilogue_one
+ * in one pass (each lane rounded after the multiply and after the add, as there). */
+static inline void scale_bias_row(float *dst, const float *src, float s, const float *bias, int64_t n)
+{
+    int64_t c = 0;
+    v4f sv = {s, s, s, s};
+    if (bias) {
+        for (; c + 4 <= n; c += 4) {
+            v4f x, b;
+            memcpy(&x, src + c, sizeof x);
+            memcpy(&b, bias + c, sizeof b);
+            x = sv * x;
+            x = x + b;
+            memcpy(dst + c, &x, sizeof x);
+        }
+        for (; c < n; c++) {
+            float x = s * src[c];
+            dst[c] = x + bias[c];
+        }
+    } else {
+        for (; c + 4 <= n; c += 4) {
+            v4f x;
+            memcpy(&x, src + c, sizeof x);
+            x = sv * x;
+            memcpy(dst + c, &x, sizeof x);
+        }
+        for (; c < n; c++) dst[c] = s * src[c];
+    }
+}
+
 void fp8mix_gemm_epilogue(const fp8mix_gemm_args *g, int64_t i0, int64_t rows, int64_t j0, int64_t n, float *vals,
                           int64_t ldv)
 {
+    /* The common case (float32 output, per-tensor or per-row A scale, per-tensor B scale,
+     * a float32 bias or none) with its decisions taken once per tile, not once per row:
+     * at small shapes the per-row checks cost more than the arithmetic. */
+    const int rowwise_or_tensor = g->scale_a_kind == FP8MIX_MM_SCALE_TENSOR || g->scale_a_kind == FP8MIX_MM_SCALE_OUTER;
+    if (g->out_t == FP8MIX_F32 && rowwise_or_tensor && g->scale_b_kind == FP8MIX_MM_SCALE_TENSOR &&
+        (!g->bias || g->bias_t == FP8MIX_F32)) {
+        const float sb = g->scale_b[0];
+        const float *bias = g->bias ? (const float *)g->bias + j0 : NULL;
+        const int per_row = g->scale_a_kind == FP8MIX_MM_SCALE_OUTER;
+        for (int64_t r = 0; r < rows; r++) {
+            float sa = g->scale_a[per_row ? i0 + r : 0];
+            scale_bias_row((float *)g->out + (i0 + r) * g->ldo + j0, vals + r * ldv, sa * sb, bias, n);
+        }
+        return;
+    }
     for (int64_t r = 0; r < rows; r++) epilogue_one(g, i0 + r, j0, n, vals + r * ldv);
 }
 
