@@ -126,9 +126,27 @@ static void cast_task(void *ctx, int64_t task, int worker)
      * rows out of the same L1 sets), copied out to q in whole rows and
      * transposed straight into qt, one 16-column group at a time, so that each
      * line of qt is written whole before the next group. */
+    uint32_t local = 0;
+    /* A per-tensor cast of whole contiguous rows (no transpose): the task's rows as one
+     * segment, the same elements with the same scale and random-word offsets, without a
+     * kernel call per row (which costs more than the row at small widths). */
+    if (!J->qt && !J->current && J->gran == FP8MIX_GRAN_TENSOR && c0 == 0 && c1 == J->cols && r1 > r0 &&
+        J->ld_x == J->cols && (!J->q || J->ld_q == J->cols)) {
+        const int64_t n = (r1 - r0) * J->cols;
+        const uint8_t *xs = J->x + (size_t)(r0 * J->cols) * J->esz;
+        if (J->amax_only) {
+            uint32_t m = 0;
+            J->k->cast_seg(xs, J->xt, n, 1.0f, NULL, &m, &J->p, 0, 0);
+            atomic_max_u32(&J->amax[0], m);
+            return;
+        }
+        J->k->cast_seg(xs, J->xt, n, J->scale[0], J->q ? J->q + r0 * J->cols : NULL, &local, &J->p, J->seed,
+                       J->offset + (uint64_t)(r0 * J->cols));
+        if (J->amax) atomic_max_u32(J->amax, local);
+        return;
+    }
     uint8_t tile[TTR * TILE_LD];
     int use_scratch = J->qt != NULL;
-    uint32_t local = 0;
     for (int64_t i = r0; i < r1; i++) {
         const uint8_t *xrow = J->x + (size_t)(i * J->ld_x) * J->esz;
         /* qrow[j - c0] receives column j */
