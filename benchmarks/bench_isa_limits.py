@@ -71,7 +71,7 @@ def main() -> int:
           f"amx_bf16={'amx_bf16' in flags}\n")
     with tempfile.TemporaryDirectory() as tmp:
         exe = build(tmp)
-        print("| instruction | rate (G instr/s, median of 5) | GFLOP/s per core | x float32 FMA (widest) |")
+        print("| instruction | rate (G instr/s of CPU time, median of 5) | GFLOP/s per core | x float32 FMA (widest) |")
         print("|---|---:|---:|---:|")
         best_fma = 0.0
         if "avx2" in flags and "fma" in flags:
