@@ -1150,7 +1150,7 @@ def test_opcheck(idx):
     except Exception as e:
         hint = ""
         if name == "compute_scale_noncontig":
-            hint = (" -- LIBRARY BUG: the fake (fp8mix/ops.py _compute_scale_fake) returns "
+            hint = (" -- LIBRARY BUG: the fake (fp8mix/_ops_fake.py _compute_scale_fake) returns "
                     "torch.empty_like(amax), keeping a non-contiguous amax's strides, while the CPU kernel "
                     "returns contiguous tensors (amax.contiguous() then empty_like)")
         pytest.fail(f"opcheck {name}: {type(e).__name__}: {str(e)[:600]}{hint}")
