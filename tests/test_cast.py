@@ -559,15 +559,18 @@ PHILOX_CASES = [
 
 @pytest.mark.parametrize("saturate", [False, True], ids=["nonsat", "sat"])
 @pytest.mark.parametrize("case", range(len(PHILOX_CASES)))
-def test_sr_matches_python_philox(isa, case, saturate):
+@pytest.mark.parametrize("layout", ["strided", "contiguous"])
+def test_sr_matches_python_philox(isa, case, saturate, layout):
     f, vals, scale, seed, offset = PHILOX_CASES[case]
-    rows, cols = 3, 7
+    # contiguous: 37 rows span several of the C cast's 16-row tasks, each cast as one run of
+    # its rows (its random words start at offset + first row * cols)
+    rows, cols = (3, 7) if layout == "strided" else (37, 7)
     x32 = np.resize(np.array(vals, np.float32) / np.float32(scale), rows * cols).astype(np.float32)
-    # a strided 2-D input: the counter uses i * cols + j, independent of the row stride
+    # the strided 2-D input: the counter uses i * cols + j, independent of the row stride
     big = torch.zeros(rows, cols + 5)
     big[:, :cols] = torch.from_numpy(x32.reshape(rows, cols))
-    x = big[:, :cols]
-    assert x.stride(0) == cols + 5
+    x = big[:, :cols] if layout == "strided" else big[:, :cols].contiguous()
+    assert x.stride(0) == (cols + 5 if layout == "strided" else cols)
     seed_i64 = seed - 2**64 if seed >= 2**63 else seed
     got = fp8mix_cast(x, scale, f, saturate, stochastic=True, seed=seed_i64, offset=offset).reshape(-1)
     y = x32 * np.float32(scale)
