@@ -47,6 +47,9 @@ class _State(threading.local):
 
 
 _state = _State()
+# The recipe of fp8_autocast() without one, built once: recipes are frozen values, and
+# building one (with its validation) on every step's context cost more than a layer's casts.
+_default_recipe: list = []
 # Whether any fp8mix module has run inside an enabled fp8_autocast in this process: a
 # context around a model without fp8mix modules (convert_model forgotten) warns once.
 _ran = [False]
@@ -101,7 +104,9 @@ class fp8_autocast(contextlib.ContextDecorator):
         as_bool("fp8_autocast", "enabled", enabled)
         as_bool("fp8_autocast", "calibrating", calibrating)
         if fp8_recipe is None:
-            fp8_recipe = DelayedScaling()
+            if not _default_recipe:
+                _default_recipe.append(DelayedScaling())
+            fp8_recipe = _default_recipe[0]
         if not isinstance(fp8_recipe, RECIPES):
             raise TypeError("fp8_autocast: fp8_recipe must be a DelayedScaling, CurrentScaling, BlockScaling, "
                             f"RowwiseScaling or MXFP8BlockScaling, got {type(fp8_recipe).__name__}")

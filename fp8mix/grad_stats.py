@@ -93,9 +93,10 @@ def active() -> list:
 
 
 def enabled() -> bool:
-    """Whether any collector is receiving counts (layers skip the counting otherwise)."""
-    with _lock:
-        return len(_active) > 0
+    """Whether any collector is receiving counts (layers skip the counting otherwise).
+    Read without the lock (once per layer backward): a list's length is read atomically, and
+    a collector that starts or stops during a backward pass sees that pass in part either way."""
+    return len(_active) > 0
 
 
 def add(counts: torch.Tensor) -> None:

@@ -39,7 +39,6 @@ __all__ = ["Plan", "forward_casts", "cast_input", "cast_weight", "recast_weight"
 _IN, _W, _G = 0, 1, 2
 TN_ON_CPU = False  # tests: run the CPU through the tensor-core operand layouts
 _TENSOR, _BLOCK, _BLOCK2D = Granularity.TENSOR, Granularity.BLOCK, Granularity.BLOCK2D
-_DTYPE = {Format.E4M3: torch.float8_e4m3fn, Format.E5M2: torch.float8_e5m2}
 _NO_SR: dict = {}
 
 
@@ -48,14 +47,20 @@ class Plan:
 
     __slots__ = ("recipe", "group", "out_dtype", "fmts", "record", "layout", "tn", "gemm", "x_scales", "w_scales",
                  "w_cached", "w_recast", "g_plan", "g_slot", "grad_fresh", "rng", "skips", "monitor", "name",
-                 "auto_use", "module", "region", "replayed_by", "backward_done", "consts", "one_op", "__weakref__")
+                 "auto_use", "module", "region", "replayed_by", "backward_done", "consts", "one_op", "dtypes", "eager",
+                 "__weakref__")
 
-    def __init__(self, recipe, group, out_dtype, fmts, record: bool, layout: str, gemm: int = 0):
+    def __init__(self, recipe, group, out_dtype, fmts, record: bool, layout: str, gemm: int = 0, *,
+                 consts: "RecipeConsts | None" = None, dtypes: "tuple | None" = None, eager: bool = True):
         self.recipe = recipe
-        self.consts = recipe_consts(recipe)  # what this call asks of the recipe, derived once per recipe
+        self.consts = consts if consts is not None else recipe_consts(recipe)  # derived once per recipe
         self.group = group              # process group amaxes are all-reduced over, or None
         self.out_dtype = out_dtype
         self.fmts = fmts                # Format per role
+        if dtypes is None:  # torch dtype per role (None for a role this plan has no format for)
+            dtypes = tuple(None if f is None else fp8_dtype(f) for f in fmts)
+        self.dtypes = dtypes
+        self.eager = eager              # not traced by torch.compile (decided once per forward)
         self.record = record            # a training forward: records amaxes, its backward too
         self.layout = layout            # "out_in" (Linear) or "in_out" (Conv1D)
         self.tn = False                 # operands as FP8 tensor cores read them: every B K-contiguous
@@ -93,7 +98,7 @@ class RecipeConsts:
     DelayedSpec, formats, granularities) on each call."""
 
     __slots__ = ("delayed", "fmts", "dtypes", "spec", "stochastic", "eps", "block", "g_block", "kinds", "w_block2d",
-                 "python_algo", "one_op")
+                 "python_algo", "one_op", "w_recastable")
 
     def __init__(self, recipe):
         self.delayed = recipe.delayed()
@@ -109,15 +114,19 @@ class RecipeConsts:
         mm = ops.MmScale.BLOCK if self.block else ops.MmScale.TENSOR
         self.kinds = (mm, mm)
         self.w_block2d = recipe.granularity("weight") == _BLOCK2D
+        self.w_recastable = recipe.granularity("weight") in (_TENSOR, _BLOCK2D)  # backward may cast W again
         # whether x's and W's casts can be one op (ops.linear_delayed_casts / linear_current_casts)
         per_tensor = all(recipe.granularity(r) == _TENSOR for r in ROLES) and not recipe.along_reduction()
         self.one_op = per_tensor and not self.python_algo
 
 
-def recipe_consts(recipe) -> RecipeConsts:
+def recipe_consts(recipe, eager: "bool | None" = None) -> RecipeConsts:
     """The recipe's RecipeConsts, kept on the recipe object after the first eager call
-    (under torch.compile, built afresh: the trace runs once)."""
-    if torch.compiler.is_compiling():
+    (under torch.compile, built afresh: the trace runs once). eager: the caller's
+    torch.compiler.is_compiling() answer (negated), when it has one."""
+    if eager is None:
+        eager = not torch.compiler.is_compiling()
+    if not eager:
         return RecipeConsts(recipe)
     c = recipe.__dict__.get("_fp8mix_consts")
     if c is None:
@@ -131,14 +140,17 @@ def delayed_spec(recipe) -> DelayedSpec:
     return spec if spec is not None else _make_spec(recipe)
 
 
-def grad_state(m, gemm: int):
+def grad_state(m, gemm: int, eager: "bool | None" = None):
     """(fp8_grad_pending[gemm], fp8_grad_slot[gemm]): views of the module's buffers, made
     once per buffer object in eager mode (an index op less per forward and backward).
     Inference mode and torch.compile index afresh (a view made in inference mode could
-    not be written outside it)."""
+    not be written outside it). eager: the caller's torch.compiler.is_compiling() answer
+    (negated), when it has one."""
     b = m._buffers
     pend, slot = b["fp8_grad_pending"], b["fp8_grad_slot"]
-    if torch.compiler.is_compiling() or torch.is_inference_mode_enabled():
+    if eager is None:
+        eager = not torch.compiler.is_compiling()
+    if not eager or torch.is_inference_mode_enabled():
         return pend[gemm], slot[gemm]
     c = m.__dict__.get("_fp8_grad_views")
     if c is None or c[0] is not pend or c[1] is not slot:  # first call, or the buffers were replaced (.to())
@@ -150,7 +162,7 @@ def grad_state(m, gemm: int):
 
 def fmt_dtype(plan: "Plan", role: int) -> torch.dtype:
     """The torch FP8 dtype of this plan's role `role` (0 input, 1 weight, 2 grad_output)."""
-    return _DTYPE.get(plan.fmts[role]) or fp8_dtype(plan.fmts[role])
+    return plan.dtypes[role]
 
 
 def all_reduce_max(t: torch.Tensor, group) -> None:
@@ -254,7 +266,7 @@ def one_op_casts(m, x2: torch.Tensor, w: torch.Tensor, plan: Plan, wants_grad: b
     w_amax = None
     if c.delayed:
         b = m._buffers
-        pending, slot = grad_state(m, g)
+        pending, slot = grad_state(m, g, eager=True)
         (xq, xqt, plan.x_scales, x_sinv, wq, wqt, plan.w_scales, w_sinv, plan.g_plan,
          plan.g_slot) = ops.linear_delayed_casts(
             x2, w, b["fp8_amax_history"], b["fp8_scale"], b["fp8_steps"], pending, slot, gemm=g,
@@ -374,10 +386,12 @@ def _recasts(m, w: torch.Tensor, plan: Plan) -> bool:
     across the step: in a model the weights' FP8 copies are a large part of the peak). A
     module's ``fp8_recast_weight`` (True / False) overrides this default; CUDA keeps the copy
     by default, as Transformer Engine does (a launch costs more than the bytes there)."""
-    choice = getattr(m, "fp8_recast_weight", None)
+    # (from the instance dict or the class: nn.Module.__getattr__'s miss path raises and
+    # catches an AttributeError, a few microseconds per call)
+    choice = m.__dict__.get("fp8_recast_weight", getattr(type(m), "fp8_recast_weight", None))
     if choice is None:
         choice = w.device.type == "cpu"
-    return bool(choice) and plan.recipe.granularity("weight") in (_TENSOR, _BLOCK2D)
+    return bool(choice) and plan.consts.w_recastable
 
 
 def recast_weight(w: torch.Tensor, plan: Plan):
@@ -450,13 +464,13 @@ def block_wgrad_cast(dy2: torch.Tensor, plan: Plan, rng):
     return gw, gw_sinv
 
 
-def grad_operands(m, plan: Plan, g_plan, g_slot, pending):
+def grad_operands(m, plan: Plan, g_plan, g_slot, pending, eager: "bool | None" = None):
     """grad_cast's fp8_dtype, plan, pending and slot arguments for this backward: delayed
     scaling's plan (else None: current scaling), and, for a recording forward's backward,
     this GEMM's pending amax slot (else None)."""
     c = plan.consts
     if pending is not None and plan.record and c.delayed:  # this GEMM's row of the pending amaxes
-        pending = grad_state(m, plan.gemm)[0] if pending is m._buffers["fp8_grad_pending"] else pending[plan.gemm]
+        pending = grad_state(m, plan.gemm, eager=eager)[0] if pending is m._buffers["fp8_grad_pending"] else pending[plan.gemm]
     else:
         pending = None
     return fmt_dtype(plan, _G), (g_plan if c.delayed else None), pending, (g_slot if pending is not None else None)

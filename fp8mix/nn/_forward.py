@@ -129,7 +129,7 @@ def _grad_plan(m, plan: Plan, wants_grad: bool) -> None:
     if plan.consts.python_algo and plan.record:
         _flush_python_algo(m, recipe, plan.fmts[2], g)
     b = m._buffers
-    pending, slot = _casts.grad_state(m, g)
+    pending, slot = _casts.grad_state(m, g, eager=plan.eager)
     plan.g_plan, plan.g_slot = ops.delayed_flush(
         b["fp8_amax_history"], b["fp8_scale"], b["fp8_steps"], pending, slot, role=3 * g + 2,
         fp8_dtype=_casts.fmt_dtype(plan, 2), spec=plan.consts.spec, record=plan.record,
@@ -163,7 +163,8 @@ def fp8_forward(m, x: torch.Tensor, weight: torch.Tensor, bias, *, layout: str, 
     activation fused with the cast): x_autograd is the tensor whose gradient receives dx
     (its grad_fn: the fused op's backward), the rest as _casts.cast_input returns, under the
     same contract."""
-    recompute = in_recompute() and torch.is_grad_enabled()
+    eager = not torch.compiler.is_compiling()  # asked once per forward (a Python call each time)
+    recompute = eager and in_recompute(eager=True) and torch.is_grad_enabled()
     replay = m._replay[gemm].take() if recompute else None
     frame = current_frame()
     if replay is None and frame is not None and (not m.fp8_enabled or m.fp8_recipe is not None):
@@ -183,11 +184,11 @@ def fp8_forward(m, x: torch.Tensor, weight: torch.Tensor, bias, *, layout: str, 
     wants_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
     one_op_ok = input_cast is None and is_first_microbatch is not False and x2.is_cpu
     plan = _make_plan(m, x2, weight, frame, replay, recompute, layout, is_first_microbatch, wants_grad,
-                      hp_out_dtype(x, weight.dtype), gemm, one_op_ok)
+                      hp_out_dtype(x, weight.dtype), gemm, one_op_ok, eager=eager)
     if plan.recipe.along_reduction():
         if input_cast is not None:
             input_layout(plan)  # raises: the fused producer casts have no along-reduction layout
-        if plan.record and wants_grad and not recompute and under_saved_tensor_hooks():
+        if plan.record and wants_grad and not recompute and eager and under_saved_tensor_hooks(eager=True):
             m._replay[gemm].push(plan)
         y2 = axis_forward(m, x2, weight, bias, plan, is_first_microbatch, wants_grad)
         return y2 if x2 is x else y2.reshape(*x.shape[:-1], out_features)
@@ -205,7 +206,7 @@ def fp8_forward(m, x: torch.Tensor, weight: torch.Tensor, bias, *, layout: str, 
     if plan.monitor is not None:
         with torch.no_grad():
             monitor_forward(m, plan, x2.detach(), xq, x_sinv, wq, w_sinv, is_first_microbatch is not False)
-    if plan.record and wants_grad and not recompute and under_saved_tensor_hooks():
+    if plan.record and wants_grad and not recompute and eager and under_saved_tensor_hooks(eager=True):
         m._replay[gemm].push(plan)  # a checkpoint may recompute this forward: it will repeat this plan
     pending = m._buffers["fp8_grad_pending"] if (plan.record and plan.consts.delayed) else None
     fp8 = (xq, x_sinv, x_save, x_save_sinv, wq, wqt, w_sinv, plan.g_plan, plan.g_slot, pending, plan.rng)
@@ -214,12 +215,11 @@ def fp8_forward(m, x: torch.Tensor, weight: torch.Tensor, bias, *, layout: str, 
 
 
 def _make_plan(m, x2, weight, frame, replay, recompute: bool, layout: str, is_first_microbatch, wants_grad: bool,
-               out_dtype, gemm: int, one_op_ok: bool = False) -> Plan:
+               out_dtype, gemm: int, one_op_ok: bool = False, *, eager: bool) -> Plan:
     """This call's decisions: a replay's, or the recipe's with the module's FP8 state (a
     training forward records; anything else only reads). one_op_ok: the caller's part of
     whether the forward casts may run as one op (plan.one_op; then the delayed flush runs
-    inside it, not here)."""
-    eager = not torch.compiler.is_compiling()
+    inside it, not here). eager: not traced by torch.compile."""
     weight_cast = is_first_microbatch is not False
     if replay is not None:
         recipe, group, monitor, record = replay.recipe, replay.group, None, False
@@ -231,15 +231,18 @@ def _make_plan(m, x2, weight, frame, replay, recompute: bool, layout: str, is_fi
             m._nograd_frame = frame  # for a reentrant checkpoint's recompute of this forward
         elif not recompute and m._nograd_frame is not None:  # (nn.Module.__setattr__ costs a microsecond)
             m._nograd_frame = None
-    consts = _casts.recipe_consts(recipe)
+    consts = _casts.recipe_consts(recipe, eager=eager)
     auto_use = -1
     if replay is None and consts.fmts is None and eager and record:  # Format.AUTO
         auto_use = auto_forward(m, x2.detach(), weight.detach(), recipe, monitor, wants_grad, weight_cast, gemm)
+    dtypes = None  # (the recipe's, derived once, unless each layer chooses: Format.AUTO)
     if replay is not None:
         fmts = list(replay.fmts)
+    elif consts.fmts is not None:
+        fmts, dtypes = list(consts.fmts), consts.dtypes
     else:
-        fmts = list(consts.fmts) if consts.fmts is not None else [m._fmt(recipe, 3 * gemm + r) for r in range(3)]
-    plan = Plan(recipe, group, out_dtype, fmts, record, layout, gemm)
+        fmts = [m._fmt(recipe, 3 * gemm + r) for r in range(3)]
+    plan = Plan(recipe, group, out_dtype, fmts, record, layout, gemm, consts=consts, dtypes=dtypes, eager=eager)
     plan.module, plan.auto_use = m, auto_use
     plan.tn = x2.device.type == "cuda" or _casts.TN_ON_CPU
     if replay is not None:

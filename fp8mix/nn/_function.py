@@ -64,7 +64,7 @@ class FP8LinearFunction(torch.autograd.Function):
         ctx.x_dtype = x2.dtype
         ctx.bias_dtype = bias.dtype if bias is not None else None
         ctx.w_dtype = weight.dtype
-        if not torch.compiler.is_compiling():
+        if plan.eager:
             ctx.weight = weight  # the Parameter itself, for a double backward's graph
         return y
 
@@ -72,18 +72,19 @@ class FP8LinearFunction(torch.autograd.Function):
     def backward(ctx, dy):
         x_save, x_sinv, wq, wqt, w_sinv, g_plan, g_slot, rng = ctx.saved_tensors
         plan = ctx.plan
-        if not torch.compiler.is_compiling():
+        eager = plan.eager and not torch.compiler.is_compiling()  # (a plan made in eager mode may be
+        if eager:                                                 # replayed by a compiled backward)
             plan.backward_done = True  # (checkpoint replay bookkeeping, eager only)
         dy2 = dy if dy.dtype in (torch.float32, torch.bfloat16, torch.float16) else dy.float()
         want_db = ctx.bias_dtype is not None and ctx.needs_input_grad[2]
         if plan.one_op and plan.layout == "out_in" and not plan.tn and not torch.is_grad_enabled():
-            return _one_op_backward(ctx, plan, dy2, x_save, x_sinv, wq, w_sinv, g_plan, g_slot, want_db)
+            return _one_op_backward(ctx, plan, dy2, x_save, x_sinv, wq, w_sinv, g_plan, g_slot, want_db, eager)
         if plan.w_recast is not None:
             with torch.no_grad():
                 wq, wqt = recast_weight(wq.detach(), plan)
         gq, g_sinv, gw, gw_sinv, db, gran = grad_casts(plan.module, dy2, plan, g_plan, g_slot, rng, want_db,
                                                        ctx.pending, wgrad_later=True)
-        if not torch.compiler.is_compiling() and plan.record:
+        if eager and plan.record:
             observe_grad(plan, dy2, gq, g_sinv, gran)
         if torch.is_grad_enabled():  # create_graph=True
             return _double_backward(ctx, dy2, gq, g_sinv, x_save, x_sinv, wq, w_sinv, gran)
@@ -109,11 +110,11 @@ class FP8LinearFunction(torch.autograd.Function):
         return dx, dw, db, None, None
 
 
-def _one_op_backward(ctx, plan: Plan, dy2, x_save, x_sinv, wq, w_sinv, g_plan, g_slot, want_db: bool):
+def _one_op_backward(ctx, plan: Plan, dy2, x_save, x_sinv, wq, w_sinv, g_plan, g_slot, want_db: bool, eager: bool):
     """backward's common case as one op (ops.linear_backward: grad_cast, dgrad, wgrad, the
     same calls in the same order): a Linear whose forward casts were one op (plan.one_op:
     eager, CPU, per-tensor, no process group, no stochastic rounding), without a graph."""
-    fdt, gp, pending, slot = grad_operands(plan.module, plan, g_plan, g_slot, ctx.pending)
+    fdt, gp, pending, slot = grad_operands(plan.module, plan, g_plan, g_slot, ctx.pending, eager=eager)
     r, c = plan.recipe, plan.consts
     recast = {}
     if plan.w_recast is not None:  # wq is the weight: the op casts it again and frees it before dW

@@ -43,17 +43,18 @@ _local = _Local()
 _region_ids = itertools.count(1)
 
 
-def in_recompute() -> bool:
-    """Whether a forward runs inside a backward pass (a checkpoint's recomputation)."""
-    if torch.compiler.is_compiling():
+def in_recompute(*, eager: "bool | None" = None) -> bool:
+    """Whether a forward runs inside a backward pass (a checkpoint's recomputation).
+    eager: the caller's torch.compiler.is_compiling() answer (negated), when it has one."""
+    if not (eager if eager is not None else not torch.compiler.is_compiling()):
         return False
     return bool(_local.recompute) or torch._C._current_graph_task_id() != -1
 
 
-def under_saved_tensor_hooks() -> bool:
+def under_saved_tensor_hooks(*, eager: "bool | None" = None) -> bool:
     """Whether saved-tensor hooks (non-reentrant checkpoint, offloading) are active, i.e.
-    this forward's saved tensors may be recomputed later."""
-    if torch.compiler.is_compiling():
+    this forward's saved tensors may be recomputed later. eager: as in_recompute."""
+    if not (eager if eager is not None else not torch.compiler.is_compiling()):
         return False
     return torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
 
