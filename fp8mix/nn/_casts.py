@@ -470,7 +470,8 @@ def grad_operands(m, plan: Plan, g_plan, g_slot, pending, eager: "bool | None" =
     this GEMM's pending amax slot (else None)."""
     c = plan.consts
     if pending is not None and plan.record and c.delayed:  # this GEMM's row of the pending amaxes
-        pending = grad_state(m, plan.gemm, eager=eager)[0] if pending is m._buffers["fp8_grad_pending"] else pending[plan.gemm]
+        own = pending is m._buffers["fp8_grad_pending"]
+        pending = grad_state(m, plan.gemm, eager=eager)[0] if own else pending[plan.gemm]
     else:
         pending = None
     return fmt_dtype(plan, _G), (g_plan if c.delayed else None), pending, (g_slot if pending is not None else None)
