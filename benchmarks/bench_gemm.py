@@ -4,6 +4,7 @@
     python benchmarks/bench_gemm.py --avx2           # fp8mix AND torch capped to AVX2 (fair on a wider CPU)
     python benchmarks/bench_gemm.py --quick          # 512 1024 2048 only
     python benchmarks/bench_gemm.py --sizes 512 2048x4096x11008 --threads 1
+    python benchmarks/bench_gemm.py --layouts fwd,dgrad,wgrad   # the three GEMMs of a Linear step
 
 For every shape (M x K x N), scale layout (per-tensor; DeepSeek-style 1x128 / 128x128
 blocks) and thread count it prints GFLOP/s (2*M*N*K / median time) of
@@ -13,6 +14,11 @@ timed in alternation in the same run (so that other load hits them alike), and t
 ratios against torch with a PASS/FAIL verdict (issue #17), by fp8mix's ISA:
   * avx2 / avx512: fp8mix >= 0.95x torch float32 from 512^3 up;
   * avx512bf16:    fp8mix >= 1.5x torch float32 and >= 0.9x torch bfloat16 from 512^3 up.
+--layouts adds the operand layouts of a Linear's backward GEMMs (per-tensor scales):
+  * dgrad: A (M, K) row-major, B (K, N) row-major (dx = dy W; torch.mm(a, b));
+  * wgrad: A (M, K) column-major, a transposed view (dW = dy^T x; torch.mm(at.t(), b)),
+    B (K, N) row-major;
+each fp8mix call against torch.mm on float32 tensors of the same layout.
 torch bfloat16 is timed only where torch has native bf16 (not under --avx2, where it is
 30-160x slower than float32).  torch._scaled_mm (CPU) is reported once at 512^3, being far
 slower.  Operands, scales and transposes are prepared before timing.
@@ -78,6 +84,25 @@ def scaled_mm_note(a8, b8, sa, sb) -> str:
     return f"{2.0 * a8.shape[0] * a8.shape[1] * b8.shape[1] / t / 1e9:.2f} GFLOP/s (one call)"
 
 
+def layout_operands(layout: str, M: int, K: int, N: int, gen: torch.Generator):
+    """(fp8mix operands, float32 A, float32 B) of a backward GEMM's layout, per-tensor scales."""
+    b = torch.randn(K, N, generator=gen) * 0.05
+    a = torch.randn(M, K, generator=gen) if layout == "dgrad" else torch.randn(K, M, generator=gen).t()
+    a8 = fp8mix.quantize(a.contiguous())
+    a8d = a8.data if layout == "dgrad" else a8.data.t().contiguous().t()  # wgrad: a column-major view
+    b8 = fp8mix.quantize(b)
+    return (a8d, b8.data, a8.scale_inv.reshape(()), b8.scale_inv.reshape(())), a, b
+
+
+def run_layout(layout, M, K, N, budget, gen):
+    """(layout, fp8mix, f32 GFLOP/s, None, best-of ratio) of one backward GEMM layout."""
+    flop = 2.0 * M * N * K
+    ops, a, b = layout_operands(layout, M, K, N, gen)
+    res = bench_interleaved([lambda: fp8mix.scaled_mm(*ops), lambda: torch.mm(a, b)], budget_s=budget, min_reps=3,
+                            max_reps=30)
+    return layout, flop / res[0][0] / 1e9, flop / res[1][0] / 1e9, None, res[1][1] / res[0][1]
+
+
 def run_shape(M, K, N, scales, native_bf16, budget, gen):
     """Rows of (scale kind, fp8mix, f32, bf16 or None GFLOP/s, best-of ratio vs f32)."""
     flop = 2.0 * M * N * K
@@ -105,6 +130,8 @@ def main(argv=None):
     p.add_argument("--scales", default="tensor,block", help="comma list of: tensor, block")
     p.add_argument("--threads", default="1,2", help="comma list of thread counts (default 1,2)")
     p.add_argument("--budget", type=float, default=1.0, help="seconds of timed reps per shape and thread count")
+    p.add_argument("--layouts", default="fwd", help="comma list of: fwd (the scales above), dgrad, wgrad "
+                   "(a Linear backward's operand layouts, per-tensor scales)")
     args = p.parse_args(argv)
 
     shapes = ([parse_shape(s) for s in args.sizes] if args.sizes else
@@ -113,6 +140,10 @@ def main(argv=None):
     for s in scales:
         if s not in ("tensor", "block"):
             p.error(f"unknown scale layout {s!r}")
+    layouts = [s.strip() for s in args.layouts.split(",") if s.strip()]
+    for s in layouts:
+        if s not in ("fwd", "dgrad", "wgrad"):
+            p.error(f"unknown layout {s!r}")
     threads = [int(t) for t in args.threads.split(",")]
     isa = str(fp8mix.cpu_isa())
     native_bf16 = isa == "avx512bf16" and not args.avx2
@@ -126,7 +157,7 @@ def main(argv=None):
           + (f" and >= {t16_target}x torch bfloat16" if t16_target else "") + " from 512^3 up")
     print("- fp8mix: E4M3 x E4M3 -> float32, b = w.t(); torch.mm: x @ w.t(). GFLOP/s = 2MNK / median time; "
           "ratios of medians, fp8mix and torch timed in alternation; 'best-of' = ratio of the fastest reps\n")
-    print("| threads | shape (MxKxN) | scales | fp8mix GFLOP/s | torch f32 | torch bf16 | fp8mix / f32 "
+    print("| threads | shape (MxKxN) | scales (layout) | fp8mix GFLOP/s | torch f32 | torch bf16 | fp8mix / f32 "
           "| (best-of) | fp8mix / bf16 | target | verdict |")
     print("|---:|---|---|---:|---:|---:|---:|---:|---:|---|---|")
     sys.stdout.flush()
@@ -136,13 +167,14 @@ def main(argv=None):
     for nt in threads:
         torch.set_num_threads(nt)
         for M, K, N in shapes:
-            rows, note = run_shape(M, K, N, scales, native_bf16, args.budget, gen)
+            rows, note = run_shape(M, K, N, scales, native_bf16, args.budget, gen) if "fwd" in layouts else ([], None)
+            rows += [run_layout(lay, M, K, N, args.budget, gen) for lay in layouts if lay != "fwd"]
             if note:
                 notes[(M, K, N)] = note
             for kind, gf, g32, g16, best in rows:
                 judged = min(M, K, N) >= 512
                 ok = gf / g32 >= t32_target and (t16_target is None or g16 is None or gf / g16 >= t16_target)
-                tgt = f">= {t32_target}x f32" + (f", >= {t16_target}x bf16" if t16_target else "")
+                tgt = f">= {t32_target}x f32" + (f", >= {t16_target}x bf16" if t16_target and g16 else "")
                 v = verdict(ok) if judged else "(not judged)"
                 if judged and not ok:
                     fails.append(f"{nt} thr {M}x{K}x{N} {kind}")
