@@ -28,6 +28,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "gemm_internal.h"
 
@@ -38,8 +39,9 @@
 #define MC_TARGET 144         /* rows of an A block (rounded to the kernel's MR) */
 #endif
 #ifndef NC_MAX
-#define NC_MAX 2048           /* columns of a B panel                          */
+#define NC_MAX 2048           /* columns of a B panel, at most                  */
 #endif
+#define NC_MIN 512            /* ... at least (A is packed again per panel)     */
 #define ACC_WORDS (2 << 20)   /* accumulator cap for non-float32 outputs       */
 #define MAX_TILE (32 * 32)    /* MR x NR of the widest kernel                   */
 #define GEMM_GRAIN (1 << 22)  /* multiply-adds worth a thread                  */
@@ -227,6 +229,29 @@ static void k0_task(void *ctx, int64_t i, int worker)
 
 /* ---- the plan and the loop nest ----------------------------------------- */
 
+/* The widest B panel (columns) for this CPU: a float32 panel of KC rows taking at most
+ * half of a core's L2, so that it stays there beside the A block while every A block of
+ * the column chunk reads it (NC_MAX when the L2 size is unknown).  Measured on a Xeon
+ * with 2 MiB of L2 at 2048^3 (AVX2): 1024 columns ran 1.6-3.9% faster than 2048 (paired
+ * runs), 512 no faster.  A narrower panel packs A once more per chunk, hence NC_MIN.
+ * Any width gives the same sums: a K run is never split by the column tiling. */
+static int64_t nc_for_cpu(void)
+{
+    static int64_t cached;
+    int64_t nc = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+    if (nc) return nc;
+    nc = NC_MAX;
+#ifdef _SC_LEVEL2_CACHE_SIZE
+    long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    if (l2 > 0) {
+        int64_t fit = ((int64_t)l2 / 2) / (KC * 4);
+        nc = fit < NC_MIN ? NC_MIN : fit > NC_MAX ? NC_MAX : fit;
+    }
+#endif
+    __atomic_store_n(&cached, nc, __ATOMIC_RELAXED);
+    return nc;
+}
+
 /* Block sizes for the shape and worker count; returns the workspace bytes. */
 static size_t plan_sizes(plan *pl, int workers)
 {
@@ -235,7 +260,7 @@ static size_t plan_sizes(plan *pl, int workers)
     pl->n_ic = ceil_div(M, MC_TARGET);
     pl->mc = ceil_div(ceil_div(M, pl->n_ic), mr) * mr;
     pl->n_ic = ceil_div(M, pl->mc);
-    int64_t nc_cap = NC_MAX;
+    int64_t nc_cap = nc_for_cpu();
     if (g->out_t != FP8MIX_F32) { /* the accumulator is M x NC floats */
         int64_t fit = (ACC_WORDS / M) / nr * nr;
         nc_cap = fit < nr ? nr : (fit < nc_cap ? fit : nc_cap);
