@@ -76,6 +76,10 @@ def test_autocast_signatures_and_default_recipe():
         r = get_fp8_recipe()
         assert isinstance(r, DelayedScaling) and r == DelayedScaling()
         assert r.fp8_format is fp8mix.Format.HYBRID
+        with fp8_autocast():  # built once: every context without a recipe shares that value
+            assert get_fp8_recipe() is r
+    with fp8mix.autocast():
+        assert get_fp8_recipe() is r
     assert not fp8mix.is_fp8_enabled()
     # default recipe really is delayed scaling: the layer records its amaxes
     lin = fp8mix.Linear(32, 32)

@@ -103,6 +103,25 @@ def test_recast_keeps_no_fp8_weight_and_the_default_is_recast_on_cpu(recipe):
     assert [tuple(t.shape) for t in saved2 if t is not None and t.dtype in FP8] == [(8, 48)]
 
 
+def test_recast_choice_from_a_class_attribute():
+    """fp8_recast_weight set on a subclass (not the instance) is honoured, and an instance
+    attribute overrides the class's: the saved FP8 tensors show which was used."""
+    class Keeping(fp8mix.Linear):
+        fp8_recast_weight = False
+
+    def fp8_saved(m):
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t), \
+                fp8mix.fp8_autocast():
+            m(torch.randn(8, 48).requires_grad_())
+        return sorted(tuple(t.shape) for t in saved if t is not None and t.dtype in FP8)
+
+    m = Keeping(48, 40)
+    assert fp8_saved(m) == [(8, 48), (40, 48)]  # the class says keep: W's FP8 copy is saved
+    m.fp8_recast_weight = True
+    assert fp8_saved(m) == [(8, 48)]  # the instance says re-cast
+
+
 def test_weight_changed_between_forward_and_backward_is_refused_like_nn_linear():
     ref = nn.Linear(48, 40)
     y = ref(torch.randn(24, 48, requires_grad=True))
