@@ -234,25 +234,37 @@ static inline void scale_bias_row(float *dst, const float *src, float s, const f
     }
 }
 
-void fp8mix_gemm_epilogue(const fp8mix_gemm_args *g, int64_t i0, int64_t rows, int64_t j0, int64_t n, float *vals,
-                          int64_t ldv)
+void fp8mix_gemm_scale_rows__scalar(float *out, int64_t ldo, const float *vals, int64_t ldv, int64_t rows, int64_t n,
+                                    const float *sa, int per_row, float sb, const float *bias)
 {
-    /* The common case (float32 output, per-tensor or per-row A scale, per-tensor B scale,
-     * a float32 bias or none) with its decisions taken once per tile, not once per row:
-     * at small shapes the per-row checks cost more than the arithmetic. */
+    for (int64_t r = 0; r < rows; r++) scale_bias_row(out + r * ldo, vals + r * ldv, sa[per_row ? r : 0] * sb, bias, n);
+}
+
+int fp8mix_gemm_epilogue_simple(const fp8mix_gemm_args *g)
+{
     const int rowwise_or_tensor = g->scale_a_kind == FP8MIX_MM_SCALE_TENSOR || g->scale_a_kind == FP8MIX_MM_SCALE_OUTER;
-    if (g->out_t == FP8MIX_F32 && rowwise_or_tensor && g->scale_b_kind == FP8MIX_MM_SCALE_TENSOR &&
-        (!g->bias || g->bias_t == FP8MIX_F32)) {
-        const float sb = g->scale_b[0];
-        const float *bias = g->bias ? (const float *)g->bias + j0 : NULL;
+    return g->out_t == FP8MIX_F32 && rowwise_or_tensor && g->scale_b_kind == FP8MIX_MM_SCALE_TENSOR &&
+           (!g->bias || g->bias_t == FP8MIX_F32);
+}
+
+void fp8mix_gemm_epilogue_rows(const fp8mix_gemm_args *g, fp8mix_gemm_scale_rows_fn simple, int64_t i0, int64_t rows,
+                               int64_t j0, int64_t n, float *vals, int64_t ldv)
+{
+    /* The common case with its decisions taken once per tile, not once per row: at
+     * small shapes the per-row checks cost more than the arithmetic. */
+    if (fp8mix_gemm_epilogue_simple(g)) {
         const int per_row = g->scale_a_kind == FP8MIX_MM_SCALE_OUTER;
-        for (int64_t r = 0; r < rows; r++) {
-            float sa = g->scale_a[per_row ? i0 + r : 0];
-            scale_bias_row((float *)g->out + (i0 + r) * g->ldo + j0, vals + r * ldv, sa * sb, bias, n);
-        }
+        simple((float *)g->out + i0 * g->ldo + j0, g->ldo, vals, ldv, rows, n, g->scale_a + (per_row ? i0 : 0),
+               per_row, g->scale_b[0], g->bias ? (const float *)g->bias + j0 : NULL);
         return;
     }
     for (int64_t r = 0; r < rows; r++) epilogue_one(g, i0 + r, j0, n, vals + r * ldv);
+}
+
+void fp8mix_gemm_epilogue(const fp8mix_gemm_args *g, int64_t i0, int64_t rows, int64_t j0, int64_t n, float *vals,
+                          int64_t ldv)
+{
+    fp8mix_gemm_epilogue_rows(g, fp8mix_gemm_scale_rows__scalar, i0, rows, j0, n, vals, ldv);
 }
 
 static inline float trunc22(float x)

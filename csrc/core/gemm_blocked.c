@@ -180,7 +180,7 @@ static void run_tile(const plan *pl, const uint32_t *as, const uint32_t *bs, int
     if (edge)
         for (int r = 0; r < mv; r++) memcpy(c_at(pl, i + r, j), tmp + r * nr, sizeof(float) * (size_t)nv);
     if (pl->last) /* the tile's sums are final: scales, bias, rounding while it is in L1 */
-        fp8mix_gemm_epilogue(g, i, mv, j, nv, c_at(pl, i, j), c_ld(pl));
+        fp8mix_gemm_epilogue_rows(g, uk->scale_rows, i, mv, j, nv, c_at(pl, i, j), c_ld(pl));
 }
 
 

@@ -48,11 +48,21 @@ typedef void (*fp8mix_gemm_ukernel_fn)(int64_t kc, const void *a, const void *b,
 typedef void (*fp8mix_gemm_pack_fn)(const uint8_t *src, int64_t ld, int nv, int w, int64_t kc,
                                     fp8mix_format fmt, int bf16, void *dst);
 
+/* The epilogue's common case on `rows` rows of n values (float32 output,
+ * per-tensor or per-row A scale, per-tensor B scale, a float32 bias or none):
+ *   out[r * ldo + c] = (sa[per_row ? r : 0] * sb) * vals[r * ldv + c]
+ *   then += bias[c] when bias is given;
+ * the scale product, the multiply and the add each rounded to float32, no
+ * FMA (fp8mix_gemm_epilogue's rules).  out may equal vals (ldo == ldv). */
+typedef void (*fp8mix_gemm_scale_rows_fn)(float *out, int64_t ldo, const float *vals, int64_t ldv, int64_t rows,
+                                          int64_t n, const float *sa, int per_row, float sb, const float *bias);
+
 typedef struct fp8mix_gemm_ukernel {
     int mr, nr;            /* tile; nr divides 128 (block scales) */
     int bf16;              /* packed panels hold bf16 pairs       */
     fp8mix_gemm_ukernel_fn fn;
     fp8mix_gemm_pack_fn pack_krows, pack_kcols;
+    fp8mix_gemm_scale_rows_fn scale_rows; /* the epilogue's common case */
     const char *name;
 } fp8mix_gemm_ukernel;
 
@@ -63,6 +73,8 @@ void fp8mix_gemm_pack_krows__scalar(const uint8_t *src, int64_t ld, int nv, int 
                                     fp8mix_format fmt, int bf16, void *dst);
 void fp8mix_gemm_pack_kcols__scalar(const uint8_t *src, int64_t ld, int nv, int w, int64_t kc,
                                     fp8mix_format fmt, int bf16, void *dst);
+void fp8mix_gemm_scale_rows__scalar(float *out, int64_t ldo, const float *vals, int64_t ldv, int64_t rows, int64_t n,
+                                    const float *sa, int per_row, float sb, const float *bias);
 #if defined(__x86_64__) || defined(_M_X64)
 void fp8mix_gemm_ukernel_f32_6x16__avx2(int64_t kc, const void *a, const void *b,
                                         float *c, int64_t ldc, int load_c,
@@ -78,6 +90,8 @@ void fp8mix_gemm_pack_krows__avx2(const uint8_t *src, int64_t ld, int nv, int w,
                                   fp8mix_format fmt, int bf16, void *dst);
 void fp8mix_gemm_pack_kcols__avx2(const uint8_t *src, int64_t ld, int nv, int w, int64_t kc,
                                   fp8mix_format fmt, int bf16, void *dst);
+void fp8mix_gemm_scale_rows__avx2(float *out, int64_t ldo, const float *vals, int64_t ldv, int64_t rows, int64_t n,
+                                  const float *sa, int per_row, float sb, const float *bias);
 /* Nonzero when gemm_avx512bf16.c was compiled with AVX512_BF16 support. */
 extern const int fp8mix_gemm_have_avx512bf16;
 #endif
@@ -113,6 +127,12 @@ float fp8mix_gemm_block_scale(const fp8mix_gemm_args *g, int64_t i, int64_t kb, 
  * output itself (in place). */
 void fp8mix_gemm_epilogue(const fp8mix_gemm_args *g, int64_t i0, int64_t rows, int64_t j0, int64_t n, float *vals,
                           int64_t ldv);
+/* The same, with `simple` (a microkernel's scale_rows) doing the common case
+ * (fp8mix_gemm_epilogue_simple(g)); fp8mix_gemm_epilogue uses the scalar one. */
+void fp8mix_gemm_epilogue_rows(const fp8mix_gemm_args *g, fp8mix_gemm_scale_rows_fn simple, int64_t i0, int64_t rows,
+                               int64_t j0, int64_t n, float *vals, int64_t ldv);
+/* Whether g's epilogue is the common case fp8mix_gemm_scale_rows_fn computes. */
+int fp8mix_gemm_epilogue_simple(const fp8mix_gemm_args *g);
 
 /* The drivers, called by fp8mix_gemm after the argument checks (m, n > 0);
  * fp8mix_gemm_blocked_with runs a given microkernel (tests). */
