@@ -11,6 +11,20 @@
 #include <immintrin.h>
 
 #define ROWS6(X) X(0) X(1) X(2) X(3) X(4) X(5)
+#define STR_(x) #x
+#define STR(x) STR_(x)
+/* One k-step in assembly: the B row (two vectors) at byte offsets OB, OB2 of b, the six
+ * A values at byte offsets A0..A5 of a; ymm13-15 are its scratch registers. */
+#define FMA2_ASM(r) "vfmadd231ps %%ymm13, %%ymm15, %[c" #r "0]\n\t" "vfmadd231ps %%ymm14, %%ymm15, %[c" #r "1]\n\t"
+#define KSTEP_ASM(OB, OB2, A0, A1, A2, A3, A4, A5)         \
+    "vmovups " STR(OB) "(%[b]), %%ymm13\n\t"                \
+    "vmovups " STR(OB2) "(%[b]), %%ymm14\n\t"               \
+    "vbroadcastss " STR(A0) "(%[a]), %%ymm15\n\t" FMA2_ASM(0) \
+    "vbroadcastss " STR(A1) "(%[a]), %%ymm15\n\t" FMA2_ASM(1) \
+    "vbroadcastss " STR(A2) "(%[a]), %%ymm15\n\t" FMA2_ASM(2) \
+    "vbroadcastss " STR(A3) "(%[a]), %%ymm15\n\t" FMA2_ASM(3) \
+    "vbroadcastss " STR(A4) "(%[a]), %%ymm15\n\t" FMA2_ASM(4) \
+    "vbroadcastss " STR(A5) "(%[a]), %%ymm15\n\t" FMA2_ASM(5)
 
 void fp8mix_gemm_ukernel_f32_6x16__avx2(int64_t kc, const void *ap, const void *bp,
                                         float *c, int64_t ldc, int load_c,
@@ -29,8 +43,31 @@ void fp8mix_gemm_ukernel_f32_6x16__avx2(int64_t kc, const void *ap, const void *
     __m256 c##r##1 = init ? _mm256_loadu_ps(c + r * ldc + 8) : _mm256_setzero_ps();
     ROWS6(DECL)
 #undef DECL
-    /* Four k-steps per iteration: fewer loop and pointer uops per FMA (on a
-     * core shared with a hyperthread sibling the front end is the limit). */
+    /* Four k-steps per iteration, written in assembly: compiled from intrinsics, GCC
+     * spilled three accumulators to the stack inside the loop (and copied others
+     * between registers), which held the kernel at 92% of the FMA peak on a Zen 3 core;
+     * this loop runs at the peak (benchmarks/bench_isa_limits.py).  Each accumulator
+     * still takes its products one k-step after another: the same sums as the C steps
+     * below. */
+    int64_t t = kc & ~(int64_t)3, n4 = kc / 4;
+    if (n4 > 0) {
+        __asm__ volatile(
+            "1:\n\t"
+            KSTEP_ASM(0, 32, 0, 4, 8, 12, 16, 20)
+            KSTEP_ASM(64, 96, 24, 28, 32, 36, 40, 44)
+            KSTEP_ASM(128, 160, 48, 52, 56, 60, 64, 68)
+            KSTEP_ASM(192, 224, 72, 76, 80, 84, 88, 92)
+            "addq $96, %[a]\n\t"
+            "addq $256, %[b]\n\t"
+            "decq %[n]\n\t"
+            "jnz 1b\n\t"
+            : [a] "+r"(a), [b] "+r"(b), [n] "+r"(n4),
+              [c00] "+x"(c00), [c01] "+x"(c01), [c10] "+x"(c10), [c11] "+x"(c11),
+              [c20] "+x"(c20), [c21] "+x"(c21), [c30] "+x"(c30), [c31] "+x"(c31),
+              [c40] "+x"(c40), [c41] "+x"(c41), [c50] "+x"(c50), [c51] "+x"(c51)
+            :
+            : "xmm13", "xmm14", "xmm15", "cc", "memory");
+    }
 #define STEP(r, u)                                              \
     {                                                           \
         __m256 av = _mm256_broadcast_ss(a + 6 * (u) + (r));     \
@@ -41,15 +78,6 @@ void fp8mix_gemm_ukernel_f32_6x16__avx2(int64_t kc, const void *ap, const void *
     {                                                                                 \
         __m256 b0 = _mm256_loadu_ps(b + 16 * (u)), b1 = _mm256_loadu_ps(b + 16 * (u) + 8); \
         STEP(0, u) STEP(1, u) STEP(2, u) STEP(3, u) STEP(4, u) STEP(5, u)             \
-    }
-    int64_t t = 0;
-    for (; t + 4 <= kc; t += 4, a += 24, b += 64) {
-        /* the empty asm keeps GCC from hoisting the next steps' loads (and
-         * spilling accumulators to make room for them) */
-        KSTEP(0) __asm__ volatile("" ::: "memory");
-        KSTEP(1) __asm__ volatile("" ::: "memory");
-        KSTEP(2) __asm__ volatile("" ::: "memory");
-        KSTEP(3)
     }
     for (; t < kc; t++, a += 6, b += 16) KSTEP(0)
 #undef KSTEP
