@@ -107,11 +107,27 @@ def _cuda_ext():
         define_macros=[("FP8MIX_WITH_CUDA", None)],
         extra_objects=[CORE_LIB],
         extra_compile_args={
-            "cxx": ["-O2", "-fno-fast-math"] + blas_flags,
+            "cxx": ["-O2", "-fno-fast-math"] + blas_flags + _openmp_flags(),
             "nvcc": ["-O3", "-std=c++17", "-Xcompiler", "-fno-fast-math"] + blas_flags + gencode,
         },
         extra_link_args=["-lpthread"] + link,
     )
+
+
+def _openmp_flags():
+    """-fopenmp for torch_ops.cpp where torch runs its intra-op threads on OpenMP and the
+    C++ compiler is GCC: at::parallel_for, which hands the C core's parallel loops to
+    torch's threads, is an OpenMP pragma compiled into this file (without the flag it runs
+    serially).  Compile flag only: the GOMP entry points resolve at load time to the
+    OpenMP runtime torch already loaded, so there is one thread pool, not two."""
+    if not (sys.platform.startswith("linux") and torch.backends.openmp.is_available()):
+        return []
+    cxx = os.environ.get("CXX", "c++")
+    try:
+        out = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return ["-fopenmp"] if "clang" not in out.lower() else []
 
 
 def _cpu_ext():
@@ -120,7 +136,7 @@ def _cpu_ext():
         sources=["csrc/torch_ops.cpp"],
         include_dirs=[os.path.join(ROOT, "csrc", "include")],
         extra_objects=[CORE_LIB],
-        extra_compile_args=["-O2", "-fno-fast-math"],
+        extra_compile_args=["-O2", "-fno-fast-math"] + _openmp_flags(),
         extra_link_args=["-lpthread"],
     )
 

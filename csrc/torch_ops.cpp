@@ -27,8 +27,20 @@
 #include "fp8mix_cuda.h"
 #endif
 
+namespace {
+// The C core's parallel loops run on PyTorch's intra-op threads: two pools on the same
+// cores would compete (torch's OpenMP threads spin after each of torch's loops).
+void run_on_torch_threads(int workers, fp8mix_worker_body body, void *job)
+{
+    at::parallel_for(0, workers, 1, [&](int64_t b, int64_t e) {
+        for (int64_t w = b; w < e; w++) body(job, static_cast<int>(w));
+    });
+}
+} // namespace
+
 extern "C" PyObject *PyInit__C(void)
 {
+    fp8mix_set_thread_pool(run_on_torch_threads);
     static PyModuleDef def = {PyModuleDef_HEAD_INIT, "_C", "fp8mix native ops (registered as torch.ops.fp8mix)", -1,
                               nullptr};
     return PyModule_Create(&def);

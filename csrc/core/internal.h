@@ -103,12 +103,13 @@ void fp8mix_random_words(uint64_t seed, uint64_t offset_plus_index, int64_t n,
 
 /* ---- threads ------------------------------------------------------------
  * Runs fn(ctx, task, worker) for task in [0, ntasks) on up to `workers`
- * threads (the calling thread is worker 0).  Tasks are handed out in order
+ * threads (on fp8mix's own pool the calling thread is worker 0).  Tasks are handed out in order
  * from an atomic counter; fn must not depend on which worker runs a task
  * except through the worker index it is given (for per-worker scratch or
  * partial results).  Returns the number of workers actually used, or minus
  * that number when fewer threads than asked could be started (all tasks still
- * ran).  Runs on a persistent pool (parallel.c). */
+ * ran).  Runs on a persistent pool (parallel.c), or on the host's pool when
+ * one was given (fp8mix_set_thread_pool). */
 typedef void (*fp8mix_task_fn)(void *ctx, int64_t task, int worker);
 int fp8mix_parallel_for(int64_t ntasks, int workers, fp8mix_task_fn fn,
                         void *ctx);

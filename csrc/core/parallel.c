@@ -19,6 +19,10 @@
  * after a job (the next loop of the same GEMM usually follows within
  * microseconds), then sleep on a condition variable, so an idle pool costs
  * no CPU.
+ *
+ * A host pool (fp8mix_set_thread_pool) replaces all of this: each of its
+ * workers takes tasks from the loop's own atomic counter, so tasks are
+ * handed out as they are here, whichever threads the host runs them on.
  */
 #include <pthread.h>
 #include <signal.h>
@@ -33,6 +37,9 @@
 #define SPIN_NS 20000 /* how long an idle helper (or a waiting caller) spins before sleeping */
 
 static atomic_int g_num_threads = 0; /* 0: number of online CPUs */
+static _Atomic(fp8mix_run_workers) g_host = NULL; /* the host's pool, if it gave one */
+
+void fp8mix_set_thread_pool(fp8mix_run_workers run) { atomic_store(&g_host, run); }
 
 void fp8mix_set_num_threads(int n) { atomic_store(&g_num_threads, n > 0 ? n : 0); }
 
@@ -79,6 +86,20 @@ static void run_tasks(atomic_llong *next, fp8mix_task_fn fn, void *ctx, int64_t 
         if (t >= ntasks) return;
         fn(ctx, t, id);
     }
+}
+
+/* One loop run on the host's pool. */
+typedef struct host_job {
+    atomic_llong next;
+    fp8mix_task_fn fn;
+    void *ctx;
+    int64_t ntasks;
+} host_job;
+
+static void host_body(void *job, int worker)
+{
+    host_job *J = (host_job *)job;
+    run_tasks(&J->next, J->fn, J->ctx, J->ntasks, worker);
 }
 
 static uint64_t now_ns(void)
@@ -170,6 +191,13 @@ int fp8mix_parallel_for(int64_t ntasks, int workers, fp8mix_task_fn fn, void *ct
     if (ntasks <= 0) return 0;
     if (workers > ntasks) workers = (int)ntasks;
     if (workers > MAX_WORKERS) workers = MAX_WORKERS;
+    fp8mix_run_workers host = atomic_load_explicit(&g_host, memory_order_acquire);
+    if (host && workers > 1) {
+        host_job J = {.fn = fn, .ctx = ctx, .ntasks = ntasks};
+        atomic_init(&J.next, 0);
+        host(workers, host_body, &J);
+        return workers;
+    }
     pool *p = &g_pool;
     int expected = 0;
     if (workers <= 1 || !atomic_compare_exchange_strong(&p->busy, &expected, 1)) {

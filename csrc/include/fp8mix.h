@@ -88,7 +88,9 @@
  *   Large calls split across threads: a pool of POSIX threads, started on
  *   first use, growing to the largest count asked for, idle threads asleep
  *   (after a short spin), rebuilt empty in a forked child; a call made while
- *   another thread's call holds the pool runs on its own thread.
+ *   another thread's call holds the pool runs on its own thread.  A host
+ *   with a pool of its own hands it over with fp8mix_set_thread_pool
+ *   (fp8mix's torch extension gives it PyTorch's intra-op threads).
  *   fp8mix_set_num_threads sets the count; results are bit-identical for
  *   every thread count and ISA.  fp8mix_gemm keeps one packing workspace
  *   (at most 24 MiB; about 2.5 MiB for float32 outputs) between calls, so
@@ -631,6 +633,21 @@ const char *fp8mix_isa_name(fp8mix_isa isa);
 /* Threads used by large calls; n <= 0 means the number of online CPUs. */
 void fp8mix_set_num_threads(int n);
 int fp8mix_get_num_threads(void);
+
+/* Running the parallel loops on the host's threads instead of fp8mix's own
+ * pool.  Two pools in one process compete for the cores: a host pool's idle
+ * threads spin for a while after each of its loops (OpenMP's do), and an
+ * fp8mix loop started then gets a fraction of the core it counted on (on 2
+ * cores, an fp8mix GEMM right after a torch matmul ran at 0.68x its own
+ * speed).  run(workers, body, job) must call body(job, w) exactly once for
+ * every w in [0, workers) -- concurrently where it can, on any threads, in
+ * any order, several of them on one thread if it has fewer -- and return
+ * once every call has returned.  body does not fail and does not throw.
+ * Results are the same bits whichever pool runs them.  NULL (the default)
+ * goes back to fp8mix's own pool.  Set it before the calls it should serve. */
+typedef void (*fp8mix_worker_body)(void *job, int worker);
+typedef void (*fp8mix_run_workers)(int workers, fp8mix_worker_body body, void *job);
+void fp8mix_set_thread_pool(fp8mix_run_workers run);
 
 
 /* ---- FP8 GEMM layout plan: cuBLASLt's rules as one checked function ----------
