@@ -37,7 +37,7 @@
 #define SPIN_NS 20000 /* how long an idle helper (or a waiting caller) spins before sleeping */
 
 static atomic_int g_num_threads = 0; /* 0: number of online CPUs */
-static _Atomic(fp8mix_run_workers) g_host = NULL; /* the host's pool, if it gave one */
+static _Atomic(fp8mix_run_workers) g_host; /* the host's pool, if it gave one (static: starts NULL) */
 
 void fp8mix_set_thread_pool(fp8mix_run_workers run) { atomic_store(&g_host, run); }
 
