@@ -57,6 +57,7 @@ typedef struct plan {
     int64_t mr, nr, mc, nc, n_ic;
     int64_t kcmax;             /* the K step (KC)                                */
     int block;                 /* BLOCK scales                                   */
+    int fused_epi;             /* whole tiles' epilogue in the last microkernel  */
     int64_t nkb, nnb;          /* BLOCK: scale blocks along K and along N        */
     /* the current column chunk and K step */
     int64_t jc, ncc, nsl;      /* chunk start, width, NR slivers                 */
@@ -168,6 +169,13 @@ static void run_tile(const plan *pl, const uint32_t *as, const uint32_t *bs, int
             for (int r = 0; r < mv; r++) memcpy(tmp + r * nr, c + r * ld, sizeof(float) * (size_t)nv);
         c = tmp;
         ld = nr;
+    }
+    if (pl->last && pl->fused_epi && !edge) { /* the kernel's store applies the epilogue */
+        float s[32];
+        const int per_row = g->scale_a_kind == FP8MIX_MM_SCALE_OUTER;
+        for (int r = 0; r < mr; r++) s[r] = g->scale_a[per_row ? i + r : 0] * g->scale_b[0];
+        uk->fn_final(pl->kce, as, bs, c, ld, load, s, g->bias ? (const float *)g->bias + j : NULL);
+        return;
     }
     if (!pl->block) {
         uk->fn(pl->kce, as, bs, c, ld, load, NULL);
@@ -298,6 +306,7 @@ fp8mix_status fp8mix_gemm_blocked_with(const fp8mix_gemm_args *g, const fp8mix_g
     pl.mr = pl.uk->mr;
     pl.nr = pl.uk->nr;
     pl.block = g->scale_a_kind == FP8MIX_MM_SCALE_BLOCK;
+    pl.fused_epi = uk->fn_final && !pl.block && fp8mix_gemm_epilogue_simple(g);
     pl.nkb = ceil_div(K, FP8MIX_BLOCK);
     pl.nnb = ceil_div(N, FP8MIX_BLOCK);
     pl.kcmax = kc_for(uk);

@@ -57,6 +57,15 @@ typedef void (*fp8mix_gemm_pack_fn)(const uint8_t *src, int64_t ld, int nv, int 
 typedef void (*fp8mix_gemm_scale_rows_fn)(float *out, int64_t ldo, const float *vals, int64_t ldv, int64_t rows,
                                           int64_t n, const float *sa, int per_row, float sb, const float *bias);
 
+/* Optional: a tile's last K step with the epilogue's common case in its store, for
+ * whole tiles (rs of the plain microkernel is NULL here):
+ *   acc = load_c ? C : +0;  acc += products in canonical order;
+ *   C = s[r] * acc, then + bias[c] when bias is given (mul, then add, each rounded:
+ *   what fn followed by scale_rows with s[r] = sa * sb writes, without a second pass
+ *   over the tile).  s has MR entries. */
+typedef void (*fp8mix_gemm_ukernel_final_fn)(int64_t kc, const void *a, const void *b, float *c, int64_t ldc,
+                                             int load_c, const float *s, const float *bias);
+
 typedef struct fp8mix_gemm_ukernel {
     int mr, nr;            /* tile; nr divides 128 (block scales) */
     int bf16;              /* packed panels hold bf16 pairs       */
@@ -64,6 +73,7 @@ typedef struct fp8mix_gemm_ukernel {
     fp8mix_gemm_pack_fn pack_krows, pack_kcols;
     fp8mix_gemm_scale_rows_fn scale_rows; /* the epilogue's common case */
     const char *name;
+    fp8mix_gemm_ukernel_final_fn fn_final; /* NULL: fn, then scale_rows */
 } fp8mix_gemm_ukernel;
 
 void fp8mix_gemm_ukernel_f32_4x16__scalar(int64_t kc, const void *a, const void *b,
@@ -79,6 +89,8 @@ void fp8mix_gemm_scale_rows__scalar(float *out, int64_t ldo, const float *vals, 
 void fp8mix_gemm_ukernel_f32_6x16__avx2(int64_t kc, const void *a, const void *b,
                                         float *c, int64_t ldc, int load_c,
                                         const float *rs);
+void fp8mix_gemm_ukernel_final_f32_6x16__avx2(int64_t kc, const void *a, const void *b, float *c, int64_t ldc,
+                                              int load_c, const float *s, const float *bias);
 void fp8mix_gemm_ukernel_f32_14x32__avx512(int64_t kc, const void *a, const void *b,
                                            float *c, int64_t ldc, int load_c,
                                            const float *rs);

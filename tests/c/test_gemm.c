@@ -333,6 +333,23 @@ static void test_threads(void)
         }
 }
 
+/* Per-row A scales with a per-tensor B scale (torchao's rowwise forward, the
+ * epilogue's common case that the AVX2 kernel fuses into its last store), with and
+ * without bias, over whole and ragged tiles and several K steps. */
+static void test_row_tensor_scales(void)
+{
+    static const int64_t shapes[][3] = {{12, 32, 64}, {37, 50, 300}, {60, 96, 1100}, {7, 16, 513}};
+    for (int s = 0; s < 4; s++)
+        for (int bias = 0; bias < 2; bias++) {
+            problem p;
+            make_problem(&p, shapes[s][0], shapes[s][1], shapes[s][2], FP8MIX_E4M3, FP8MIX_E5M2,
+                         (fp8mix_b_layout)(s & 1), FP8MIX_MM_SCALE_OUTER, bias, FP8MIX_F32, FP8MIX_ACCUM_FP32, 0);
+            p.g.scale_b_kind = FP8MIX_MM_SCALE_TENSOR; /* reads sb[0] */
+            check_problem(&p, 1, 1e-6);
+            free_problem(&p);
+        }
+}
+
 /* bf16 / f16 output with many rows: the float32 accumulator is capped, so the
  * columns come in several chunks. */
 static void test_acc_chunks(void)
@@ -608,6 +625,7 @@ int main(void)
     test_packing();
     test_shapes();
     test_threads();
+    test_row_tensor_scales();
     test_acc_chunks();
     test_k_zero();
     test_fp22();

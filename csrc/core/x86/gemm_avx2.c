@@ -26,9 +26,11 @@
     "vbroadcastss " STR(A4) "(%[a]), %%ymm15\n\t" FMA2_ASM(4) \
     "vbroadcastss " STR(A5) "(%[a]), %%ymm15\n\t" FMA2_ASM(5)
 
-void fp8mix_gemm_ukernel_f32_6x16__avx2(int64_t kc, const void *ap, const void *bp,
-                                        float *c, int64_t ldc, int load_c,
-                                        const float *rs)
+/* The kernel, and with s (the final K step) the epilogue in its store: see
+ * gemm_internal.h's fp8mix_gemm_ukernel_fn and fp8mix_gemm_ukernel_final_fn. */
+static inline __attribute__((always_inline)) void
+ukernel_6x16(int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc, int load_c, const float *rs,
+             const float *s, const float *bias)
 {
     const float *a = (const float *)ap, *b = (const float *)bp;
     int init = load_c && !rs;
@@ -82,6 +84,21 @@ void fp8mix_gemm_ukernel_f32_6x16__avx2(int64_t kc, const void *ap, const void *
     for (; t < kc; t++, a += 6, b += 16) KSTEP(0)
 #undef KSTEP
 #undef STEP
+    if (s) { /* out = s[r] * acc (+ bias): mul, then add, each rounded (no FMA) */
+        __m256 b0 = bias ? _mm256_loadu_ps(bias) : _mm256_setzero_ps();
+        __m256 b1 = bias ? _mm256_loadu_ps(bias + 8) : _mm256_setzero_ps();
+#define FINAL(r)                                                                         \
+    {                                                                                    \
+        __m256 sv = _mm256_set1_ps(s[r]);                                                \
+        __m256 o0 = _mm256_mul_ps(sv, c##r##0), o1 = _mm256_mul_ps(sv, c##r##1);         \
+        if (bias) o0 = _mm256_add_ps(o0, b0), o1 = _mm256_add_ps(o1, b1);               \
+        _mm256_storeu_ps(c + r * ldc, o0);                                               \
+        _mm256_storeu_ps(c + r * ldc + 8, o1);                                           \
+    }
+        ROWS6(FINAL)
+#undef FINAL
+        return;
+    }
     if (!rs) {
 #define STORE(r)                              \
     _mm256_storeu_ps(c + r * ldc, c##r##0);   \
@@ -101,5 +118,17 @@ void fp8mix_gemm_ukernel_f32_6x16__avx2(int64_t kc, const void *ap, const void *
     }
     ROWS6(SCALE)
 #undef SCALE
+}
+
+void fp8mix_gemm_ukernel_f32_6x16__avx2(int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc, int load_c,
+                                        const float *rs)
+{
+    ukernel_6x16(kc, ap, bp, c, ldc, load_c, rs, NULL, NULL);
+}
+
+void fp8mix_gemm_ukernel_final_f32_6x16__avx2(int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc,
+                                              int load_c, const float *s, const float *bias)
+{
+    ukernel_6x16(kc, ap, bp, c, ldc, load_c, NULL, s, bias);
 }
 #endif /* FP8MIX_X86 */
