@@ -257,6 +257,35 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cast_cpu(const at::Tensor &x, con
     return {c.q, c.qt, amax};
 }
 
+// x is the transpose of a row-major 2-D tensor (x = y.t(), y with unit inner stride).
+bool is_transposed_2d(const at::Tensor &x)
+{
+    return x.dim() == 2 && x.size(0) > 1 && x.size(1) > 1 && x.stride(0) == 1 && x.stride(1) >= x.size(0);
+}
+
+// quantize_current of x = y.t() in 1x128 blocks, read from y (no contiguous copy of x).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+quantize_current_t_cpu(const at::Tensor &x, at::ScalarType fp8_dtype, int64_t margin, bool pow2, double eps,
+                       bool saturate, bool stochastic, int64_t seed, int64_t offset, bool inf_to_nan,
+                       const c10::optional<at::Tensor> &rng, int64_t rng_skip)
+{
+    const char *op = "quantize";
+    const fp8mix_dtype xt = hp_dtype(x, op, "x");
+    fp8mix_cast_opts o = make_opts(fp8_format(fp8_dtype, op), saturate, stochastic, seed, offset, inf_to_nan);
+    apply_rng(o, rng, rng_skip, op);
+    const int64_t rows = x.size(0), cols = x.size(1); // x's; y is cols x rows with row stride x.stride(1)
+    at::Tensor q = at::empty({rows, cols}, x.options().dtype(fp8_dtype));
+    auto sshape = scale_shape(x, FP8MIX_GRAN_BLOCK, rows, cols);
+    at::Tensor sinv = at::empty(sshape, x.options().dtype(at::kFloat));
+    at::Tensor amax = at::empty(sshape, x.options().dtype(at::kFloat));
+    sync_threads();
+    check_status(fp8mix_quantize_current_t(x.data_ptr(), xt, cols, rows, x.stride(1), FP8MIX_GRAN_BLOCK, (int)margin,
+                                           pow2 ? 1 : 0, (float)eps, static_cast<uint8_t *>(q.data_ptr()), cols,
+                                           sinv.data_ptr<float>(), amax.data_ptr<float>(), &o),
+                 op);
+    return {q, at::empty({0}, x.options().dtype(fp8_dtype)), sinv, amax};
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 quantize_current_cpu(const at::Tensor &x, at::ScalarType fp8_dtype, int64_t gran, int64_t margin, bool pow2,
                      double eps, bool saturate, bool stochastic, int64_t seed, int64_t offset, bool want_q,
@@ -265,6 +294,9 @@ quantize_current_cpu(const at::Tensor &x, at::ScalarType fp8_dtype, int64_t gran
     const char *op = "quantize";
     check_on(x, kCPU, op, "x");
     check_margin_eps(op, margin, eps);
+    if (gran == FP8MIX_GRAN_BLOCK && want_q && !transpose && is_transposed_2d(x))
+        return quantize_current_t_cpu(x, fp8_dtype, margin, pow2, eps, saturate, stochastic, seed, offset,
+                                      inf_to_nan, rng, rng_skip);
     CastPrep c = prepare_cast(op, x, fp8_dtype, gran, saturate, stochastic, seed, offset, want_q, transpose,
                               inf_to_nan);
     apply_rng(c.o, rng, rng_skip, op);

@@ -1183,3 +1183,32 @@ def test_grad_cast_colsum_is_the_in_order_float32_column_sum(cols):
         assert torch.equal(got.view(torch.int32), acc.view(torch.int32))
         ref = dy.double().sum(0)
         assert torch.allclose(got.double(), ref, rtol=1e-5, atol=1e-5 * float(dy.abs().sum(0).max()))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(300, 70), (128, 64), (129, 2), (5, 300)])
+def test_block_quantize_of_a_transposed_view_reads_no_copy(dtype, shape, isa):
+    """BlockScaling's wgrad operands are x^T and dy^T in 1x128 tiles (along the tokens): the
+    CPU op reads the transposed view itself (fp8mix_quantize_current_t). Its bytes, scales and
+    amax equal the op's on a contiguous copy of the transpose, for either format, both
+    roundings, margins, power-of-two scales, non-finite values, ragged tiles and a padded row
+    stride; and the op makes no copy of x (torch.profiler sees no copy_ / clone)."""
+    g = torch.Generator().manual_seed(sum(shape))
+    m, k = shape
+    wide = (torch.randn(m, k + 3, generator=g) * 4).to(dtype)
+    wide[1 % m, 0], wide[4 % m, 1], wide[(m - 1), k - 1] = float("inf"), float("nan"), -float("inf")
+    x = wide[:, :k].t()  # (k, m), strides (1, k + 3)
+    assert x.stride() == (1, k + 3)
+    block = fp8mix.Granularity.BLOCK
+    for fmt, sr, margin, p2 in [(E4M3.tdt, False, 0, False), (E5M2.tdt, True, 1, False), (E4M3.tdt, True, 0, True)]:
+        kw = dict(granularity=block, margin=margin, power_2_scale=p2, inf_to_nan=True, stochastic=sr, seed=9,
+                  offset=40)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            q, _, sinv, amax = ops.quantize_current(x, fmt, **kw)
+        copies = [e.name for e in prof.events() if e.name in ("aten::copy_", "aten::clone", "aten::contiguous")]
+        assert not copies, copies
+        rq, _, rsinv, ramax = ops.quantize_current(x.contiguous(), fmt, **kw)
+        assert q.shape == (k, m) and q.is_contiguous()
+        assert torch.equal(q.view(torch.uint8), rq.view(torch.uint8))
+        assert torch.equal(sinv, rsinv)
+        assert torch.equal(amax.nan_to_num(-1.0), ramax.nan_to_num(-1.0))

@@ -253,6 +253,19 @@ fp8mix_status fp8mix_quantize_current(const void *x, fp8mix_dtype xt,
                                       float *amax_out,
                                       const fp8mix_cast_opts *opts);
 
+/* Current-scaling quantisation of x^T read from x: with gran FP8MIX_GRAN_BLOCK,
+ * what fp8mix_quantize_current writes for a contiguous copy of x^T (cols x rows)
+ * -- its q into qt (cols x rows, row stride ld_qt), its scale_inv and amax into
+ * scale_inv_t and amax_out_t (cols x ceil(rows / 128); amax_out_t may be NULL),
+ * the same random words (element (j, i) of x^T is number j * rows + i) -- without
+ * making that copy: block scaling's wgrad operands x^T and dy^T, whose 1x128
+ * tiles run down x's columns.  Other granularities: BAD_ARG (a per-tensor scale
+ * is the same for x^T: fp8mix_cast writes qt).  Errors as fp8mix_quantize_current. */
+fp8mix_status fp8mix_quantize_current_t(const void *x, fp8mix_dtype xt, int64_t rows, int64_t cols, int64_t ld_x,
+                                        fp8mix_granularity gran, int margin, int pow2, float amax_epsilon,
+                                        uint8_t *qt, int64_t ld_qt, float *scale_inv_t, float *amax_out_t,
+                                        const fp8mix_cast_opts *opts);
+
 /* Dequantise: out[i, j] = decode(q[i, j]) * scale_inv[tile(i, j)] in float32,
  * then rounded to out_t (round to nearest even; NaN stays NaN).
  * scale_inv must be finite and > 0 (BAD_SCALE otherwise). */

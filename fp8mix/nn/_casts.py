@@ -446,12 +446,12 @@ def block_wgrad_cast(dy2: torch.Tensor, plan: Plan, rng):
         return (g2t.t() if plan.tn else g2), gw_sinv
     n, m = dy2.shape[1], dy2.shape[0]
     step = max(1, _WGRAD_CHUNK_BYTES // max(1, m * dy2.element_size()))
-    if plan.group is not None or step >= n:
+    if plan.group is not None or step >= n or dy2.is_cpu:  # (the CPU op reads the transposed view itself)
         gw, _, gw_sinv, _ = _current(dy2.t(), fmt, recipe, _BLOCK, plan.group, sr=sr2)
         return gw, gw_sinv
-    # dy^T is a column-major view: the cast reads a row-major copy of it. Made whole, that
-    # copy is as large as dy and would set the backward's peak; in slabs of rows of dy^T
-    # (the tiles run along a row, so no tile is split) it stays small. Element n of the
+    # dy^T is a column-major view: the CUDA cast reads a row-major copy of it. Made whole,
+    # that copy is as large as dy and would set the backward's peak; in slabs of rows of
+    # dy^T (the tiles run along a row, so no tile is split) it stays small. Element n of the
     # whole gets random word n: a slab starting at row r skips r * m more words.
     gw = torch.empty(n, m, dtype=fp8_dtype(fmt), device=dy2.device)
     gw_sinv = torch.empty(n, (m + 127) // 128, dtype=torch.float32, device=dy2.device)

@@ -481,6 +481,69 @@ static void report_coverage(void)
     }
 }
 
+/* fp8mix_quantize_current_t: x^T's BLOCK quantisation read from x equals
+ * fp8mix_quantize_current on a contiguous copy of x^T (bytes, scale_inv, amax),
+ * for each input dtype, ISA, thread count and rounding, with non-finite values,
+ * a padded row stride and ragged tiles; other granularities are refused. */
+static void test_quantize_t(void)
+{
+    enum { R = 300, C = 70, LD = 75 }; /* x is R x C (row stride LD); x^T is C x R */
+    float *xf = malloc(sizeof(float) * R * LD), *xt = malloc(sizeof(float) * R * C);
+    uint16_t *xh = malloc(sizeof(uint16_t) * R * LD), *xht = malloc(sizeof(uint16_t) * R * C);
+    uint8_t *q1 = malloc(R * C), *q2 = malloc(R * C);
+    const int64_t nt = (int64_t)C * ((R + 127) / 128);
+    float *s1 = malloc(sizeof(float) * nt * 4), *s2 = s1 + nt, *a1 = s2 + nt, *a2 = a1 + nt;
+    uint32_t st = 99;
+    for (int i = 0; i < R * LD; i++) {
+        st = st * 1664525u + 1013904223u;
+        xf[i] = ldexpf((float)(int32_t)st / 2147483648.0f, (int)(st >> 28) - 6);
+    }
+    xf[5 * LD + 3] = INFINITY;
+    xf[200 * LD + 9] = -INFINITY;
+    xf[131 * LD + 60] = NAN;
+    for (int i = 0; i < R * LD; i++) xh[i] = (uint16_t)(f32_bits(xf[i]) >> 16); /* bf16 */
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < C; j++) xt[j * R + i] = xf[i * LD + j], xht[j * R + i] = xh[i * LD + j];
+    for (int dt = 0; dt < 3; dt++) { /* f32, bf16, f16 (the bf16 bits read as f16) */
+        fp8mix_dtype t = dt == 0 ? FP8MIX_F32 : dt == 1 ? FP8MIX_BF16 : FP8MIX_F16;
+        const void *x = dt ? (const void *)xh : (const void *)xf, *xtr = dt ? (const void *)xht : (const void *)xt;
+        for (int k = -1; k < 2; k++)
+            for (int sr = 0; sr < 2; sr++)
+                for (int th = 1; th <= 3; th += 2) {
+                    fp8mix_set_max_isa(k < 0 ? FP8MIX_ISA_SCALAR : ISAS[k]);
+                    fp8mix_set_num_threads(th);
+                    fp8mix_cast_opts o = {sr ? FP8MIX_E5M2 : FP8MIX_E4M3, 1,
+                                          sr ? FP8MIX_ROUND_STOCHASTIC : FP8MIX_ROUND_NEAREST, 5, 17, 1};
+                    memset(q1, 0, R * C);
+                    memset(q2, 1, R * C);
+                    CHECK(fp8mix_quantize_current(xtr, t, C, R, R, FP8MIX_GRAN_BLOCK, 1, sr, 0.0f, q1, R, NULL, 0,
+                                                  s1, a1, &o) == FP8MIX_OK, "quantize_current of x^T");
+                    CHECK(fp8mix_quantize_current_t(x, t, R, C, LD, FP8MIX_GRAN_BLOCK, 1, sr, 0.0f, q2, R, s2, a2,
+                                                    &o) == FP8MIX_OK, "quantize_current_t");
+                    int same = memcmp(q1, q2, R * C) == 0 && memcmp(s1, s2, sizeof(float) * nt) == 0;
+                    for (int64_t i = 0; i < nt; i++) same &= f32_bits(a1[i]) == f32_bits(a2[i]);
+                    CHECK(same, "x^T read from x: same bytes, scales and amax (dtype %d isa %d sr %d threads %d)",
+                          dt, k, sr, th);
+                }
+    }
+    fp8mix_set_max_isa(FP8MIX_ISA_AVX512BF16);
+    fp8mix_set_num_threads(0);
+    fp8mix_cast_opts o = {FP8MIX_E4M3, 1, FP8MIX_ROUND_NEAREST, 0, 0, 0};
+    CHECK(fp8mix_quantize_current_t(xf, FP8MIX_F32, R, C, LD, FP8MIX_GRAN_TENSOR, 0, 0, 0.0f, q2, R, s2, a2, &o) ==
+              FP8MIX_ERR_BAD_ARG, "only 1x128 blocks");
+    CHECK(fp8mix_quantize_current_t(xf, FP8MIX_F32, R, C, C - 1, FP8MIX_GRAN_BLOCK, 0, 0, 0.0f, q2, R, s2, a2,
+                                    &o) == FP8MIX_ERR_BAD_SHAPE, "row stride below the width");
+    CHECK(fp8mix_quantize_current_t(xf, FP8MIX_F32, R, C, LD, FP8MIX_GRAN_BLOCK, 0, 0, 0.0f, q2, R - 1, s2, a2,
+                                    &o) == FP8MIX_ERR_BAD_SHAPE, "qt's row stride below rows");
+    CHECK(fp8mix_quantize_current_t(xf, FP8MIX_F32, R, C, LD, FP8MIX_GRAN_BLOCK, -1, 0, 0.0f, q2, R, s2, a2, &o) ==
+              FP8MIX_ERR_BAD_ARG, "negative margin");
+    CHECK(fp8mix_quantize_current_t(xf, FP8MIX_F32, R, C, LD, FP8MIX_GRAN_BLOCK, 0, 0, 0.0f, q2, R, NULL, a2, &o) ==
+              FP8MIX_ERR_NULL_POINTER, "scale_inv_t is required");
+    CHECK(fp8mix_quantize_current_t(xf, FP8MIX_F32, 0, C, LD, FP8MIX_GRAN_BLOCK, 0, 0, 0.0f, NULL, 1, NULL, NULL,
+                                    &o) == FP8MIX_OK, "empty x");
+    free(xf), free(xt), free(xh), free(xht), free(q1), free(q2), free(s1);
+}
+
 int main(void)
 {
     test_transpose();
@@ -493,6 +556,7 @@ int main(void)
     test_half_inputs();
     test_entry_points();
     test_big_transpose();
+    test_quantize_t();
     test_compute_scale();
     report_coverage();
     return check_report("test_cast");
