@@ -120,18 +120,19 @@ const fp8mix_kernels *fp8mix_kernels_active(void)
 
 static const fp8mix_gemm_ukernel uk_scalar = {4, 16, 0, fp8mix_gemm_ukernel_f32_4x16__scalar,
                                               fp8mix_gemm_pack_krows__scalar, fp8mix_gemm_pack_kcols__scalar,
-                                              fp8mix_gemm_scale_rows__scalar, "f32_4x16__scalar", NULL};
+                                              fp8mix_gemm_scale_rows__scalar, "f32_4x16__scalar", NULL, NULL};
 #if FP8MIX_X86
 static const fp8mix_gemm_ukernel uk_avx2 = {6, 16, 0, fp8mix_gemm_ukernel_f32_6x16__avx2,
                                             fp8mix_gemm_pack_krows__avx2, fp8mix_gemm_pack_kcols__avx2,
                                             fp8mix_gemm_scale_rows__avx2, "f32_6x16__avx2",
-                                            fp8mix_gemm_ukernel_final_f32_6x16__avx2};
+                                            fp8mix_gemm_ukernel_final_f32_6x16__avx2,
+                                            fp8mix_gemm_ukernel_blocks_f32_6x16__avx2};
 static const fp8mix_gemm_ukernel uk_avx512 = {14, 32, 0, fp8mix_gemm_ukernel_f32_14x32__avx512,
                                               fp8mix_gemm_pack_krows__avx2, fp8mix_gemm_pack_kcols__avx2,
-                                              fp8mix_gemm_scale_rows__avx2, "f32_14x32__avx512", NULL};
+                                              fp8mix_gemm_scale_rows__avx2, "f32_14x32__avx512", NULL, NULL};
 static const fp8mix_gemm_ukernel uk_avx512bf16 = {14, 32, 1, fp8mix_gemm_ukernel_bf16_14x32__avx512bf16,
                                                   fp8mix_gemm_pack_krows__avx2, fp8mix_gemm_pack_kcols__avx2,
-                                                  fp8mix_gemm_scale_rows__avx2, "bf16_14x32__avx512bf16", NULL};
+                                                  fp8mix_gemm_scale_rows__avx2, "bf16_14x32__avx512bf16", NULL, NULL};
 
 /* vdpbf16ps is specified (Intel SDM) as two separately rounded adds, odd
  * element first, with DAZ/FTZ (harmless here: sums of FP8 products are

@@ -180,14 +180,22 @@ static void run_tile(const plan *pl, const uint32_t *as, const uint32_t *bs, int
     if (!pl->block) {
         uk->fn(pl->kce, as, bs, c, ld, load, NULL);
     } else {
-        float rs[32];
+        float rs[MAX_TILE]; /* per 128-deep block of the K step: MR row scales */
         for (int64_t sb = 0; sb < pl->kc; sb += FP8MIX_BLOCK) {
-            int64_t kk = min64(FP8MIX_BLOCK, pl->kc - sb), kb = (pl->pc + sb) / FP8MIX_BLOCK;
+            int64_t kb = (pl->pc + sb) / FP8MIX_BLOCK;
             /* fp8mix_gemm_block_scale(g, i + r, kb, j), with the block counts hoisted */
             const float *sa = g->scale_a + i * pl->nkb + kb;
-            float sbv = g->scale_b[kb * pl->nnb + j / FP8MIX_BLOCK];
-            for (int r = 0; r < mr; r++) rs[r] = r < mv ? sa[r * pl->nkb] * sbv : 0.0f;
-            uk->fn(kk + (kk & 1), as + slots(pl, sb) * mr, bs + slots(pl, sb) * nr, c, ld, pl->pc + sb > 0, rs);
+            float sbv = g->scale_b[kb * pl->nnb + j / FP8MIX_BLOCK], *rq = rs + (sb / FP8MIX_BLOCK) * mr;
+            for (int r = 0; r < mr; r++) rq[r] = r < mv ? sa[r * pl->nkb] * sbv : 0.0f;
+        }
+        if (uk->fn_blocks) {
+            uk->fn_blocks(pl->kce, as, bs, c, ld, load, rs);
+        } else {
+            for (int64_t sb = 0; sb < pl->kc; sb += FP8MIX_BLOCK) {
+                int64_t kk = min64(FP8MIX_BLOCK, pl->kc - sb);
+                uk->fn(kk + (kk & 1), as + slots(pl, sb) * mr, bs + slots(pl, sb) * nr, c, ld, pl->pc + sb > 0,
+                       rs + (sb / FP8MIX_BLOCK) * mr);
+            }
         }
     }
     if (edge)

@@ -66,6 +66,15 @@ typedef void (*fp8mix_gemm_scale_rows_fn)(float *out, int64_t ldo, const float *
 typedef void (*fp8mix_gemm_ukernel_final_fn)(int64_t kc, const void *a, const void *b, float *c, int64_t ldc,
                                              int load_c, const float *s, const float *bias);
 
+/* Optional: the microkernel's block-scale mode over a whole K step, one call for all
+ * its 128-deep blocks: for block q = 0, 1, ... of kc (each 128 deep, the last
+ * possibly shorter and then padded to even),
+ *   part = +0 + the block's products (canonical order);
+ *   C = (load_c || q > 0 ? C : +0) + part * rs[q * MR + r]    (mul, then add)
+ * -- what fn with rs does called once per block. */
+typedef void (*fp8mix_gemm_ukernel_blocks_fn)(int64_t kc, const void *a, const void *b, float *c, int64_t ldc,
+                                              int load_c, const float *rs);
+
 typedef struct fp8mix_gemm_ukernel {
     int mr, nr;            /* tile; nr divides 128 (block scales) */
     int bf16;              /* packed panels hold bf16 pairs       */
@@ -74,6 +83,7 @@ typedef struct fp8mix_gemm_ukernel {
     fp8mix_gemm_scale_rows_fn scale_rows; /* the epilogue's common case */
     const char *name;
     fp8mix_gemm_ukernel_final_fn fn_final; /* NULL: fn, then scale_rows */
+    fp8mix_gemm_ukernel_blocks_fn fn_blocks; /* NULL: fn once per block */
 } fp8mix_gemm_ukernel;
 
 void fp8mix_gemm_ukernel_f32_4x16__scalar(int64_t kc, const void *a, const void *b,
@@ -91,6 +101,8 @@ void fp8mix_gemm_ukernel_f32_6x16__avx2(int64_t kc, const void *a, const void *b
                                         const float *rs);
 void fp8mix_gemm_ukernel_final_f32_6x16__avx2(int64_t kc, const void *a, const void *b, float *c, int64_t ldc,
                                               int load_c, const float *s, const float *bias);
+void fp8mix_gemm_ukernel_blocks_f32_6x16__avx2(int64_t kc, const void *a, const void *b, float *c, int64_t ldc,
+                                               int load_c, const float *rs);
 void fp8mix_gemm_ukernel_f32_14x32__avx512(int64_t kc, const void *a, const void *b,
                                            float *c, int64_t ldc, int load_c,
                                            const float *rs);

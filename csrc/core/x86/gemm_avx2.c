@@ -26,6 +26,16 @@
     "vbroadcastss " STR(A4) "(%[a]), %%ymm15\n\t" FMA2_ASM(4) \
     "vbroadcastss " STR(A5) "(%[a]), %%ymm15\n\t" FMA2_ASM(5)
 
+/* The driver's next tile is usually the next 6 rows of C: start fetching it into
+ * L2 now (C rows are often 4 KiB multiples apart and collide in L1). */
+static inline __attribute__((always_inline)) void prefetch_next_tile(const float *c, int64_t ldc)
+{
+    for (int r = 0; r < 6; r++) {
+        _mm_prefetch((const char *)(c + (6 + r) * ldc), _MM_HINT_T1);
+        _mm_prefetch((const char *)(c + (6 + r) * ldc + 15), _MM_HINT_T1);
+    }
+}
+
 /* The kernel, and with s (the final K step) the epilogue in its store: see
  * gemm_internal.h's fp8mix_gemm_ukernel_fn and fp8mix_gemm_ukernel_final_fn. */
 static inline __attribute__((always_inline)) void
@@ -34,12 +44,8 @@ ukernel_6x16(int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc, 
 {
     const float *a = (const float *)ap, *b = (const float *)bp;
     int init = load_c && !rs;
-    /* The driver's next tile is usually the next 6 rows of C: start fetching
-     * it into L2 now (C rows are often 4 KiB multiples apart and collide in L1). */
-    for (int r = 0; r < 6; r++) {
-        _mm_prefetch((const char *)(c + (6 + r) * ldc), _MM_HINT_T1);
-        _mm_prefetch((const char *)(c + (6 + r) * ldc + 15), _MM_HINT_T1);
-    }
+    if (!rs) /* (block scales: once per tile, in the blocks entry) */
+        prefetch_next_tile(c, ldc);
 #define DECL(r)                                                                   \
     __m256 c##r##0 = init ? _mm256_loadu_ps(c + r * ldc) : _mm256_setzero_ps();  \
     __m256 c##r##1 = init ? _mm256_loadu_ps(c + r * ldc + 8) : _mm256_setzero_ps();
@@ -124,6 +130,20 @@ void fp8mix_gemm_ukernel_f32_6x16__avx2(int64_t kc, const void *ap, const void *
                                         const float *rs)
 {
     ukernel_6x16(kc, ap, bp, c, ldc, load_c, rs, NULL, NULL);
+}
+
+/* Block scales over a whole K step: the per-block calls inlined in one loop (one call
+ * and one prefetch per tile instead of one per 128-deep block: +4% at 1024^3). */
+void fp8mix_gemm_ukernel_blocks_f32_6x16__avx2(int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc,
+                                               int load_c, const float *rs)
+{
+    const float *a = (const float *)ap, *b = (const float *)bp;
+    prefetch_next_tile(c, ldc);
+    for (int64_t q = 0; q * 128 < kc; q++) {
+        int64_t kk = kc - q * 128 < 128 ? kc - q * 128 : 128;
+        ukernel_6x16(kk + (kk & 1), a + q * 128 * 6, b + q * 128 * 16, c, ldc, load_c || q > 0, rs + q * 6, NULL,
+                     NULL);
+    }
 }
 
 void fp8mix_gemm_ukernel_final_f32_6x16__avx2(int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc,
