@@ -1167,22 +1167,31 @@ def test_opcheck_schema_on_fp8_inputs_is_a_torch_limitation():
                               test_utils=("test_schema",))
 
 
-@pytest.mark.parametrize("cols", [1, 3, 4, 7, 16, 37])
+@pytest.mark.parametrize("cols", [1, 3, 4, 7, 16, 37, 300, 700])
 def test_grad_cast_colsum_is_the_in_order_float32_column_sum(cols):
     """grad_cast's colsum (the bias gradient) adds each column's rows in order in float32:
     equal, bit for bit, to a row-by-row float32 accumulation by torch, for column counts
-    that are and are not multiples of the C loop's vector width, a strided dy included,
-    and within float32 rounding of the float64 sum."""
+    that are and are not multiples of the C loop's vector width and of its 256-column
+    tasks, on 1 and 2 threads (the wide cases are large enough to be split), a strided dy
+    and a bfloat16 one included, and within float32 rounding of the float64 sum."""
     torch.manual_seed(cols)
-    base = torch.randn(53, cols + 5) * torch.logspace(-3, 3, cols + 5)
-    for dy in (base[:, :cols].contiguous(), base[:, 2:cols + 2]):  # the second is strided (ld > cols)
-        acc = torch.zeros(cols)
-        for row in dy:
-            acc = acc + row
-        got = ops.grad_cast(dy, torch.float8_e5m2, colsum=True)[4]
-        assert torch.equal(got.view(torch.int32), acc.view(torch.int32))
-        ref = dy.double().sum(0)
-        assert torch.allclose(got.double(), ref, rtol=1e-5, atol=1e-5 * float(dy.abs().sum(0).max()))
+    rows = 53 if cols < 256 else 600
+    base = torch.randn(rows, cols + 5) * torch.logspace(-3, 3, cols + 5)
+    threads = torch.get_num_threads()
+    try:
+        for nt in (1, 2):
+            torch.set_num_threads(nt)
+            # the second is strided (ld > cols); the third bfloat16 (summed in float32)
+            for dy in (base[:, :cols].contiguous(), base[:, 2:cols + 2], base[:, :cols].bfloat16()):
+                acc = torch.zeros(cols)
+                for row in dy:
+                    acc = acc + row.float()
+                got = ops.grad_cast(dy, torch.float8_e5m2, colsum=True)[4]
+                assert torch.equal(got.view(torch.int32), acc.view(torch.int32))
+                ref = dy.double().sum(0)
+                assert torch.allclose(got.double(), ref, rtol=1e-5, atol=1e-5 * float(dy.abs().sum(0).max()))
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])

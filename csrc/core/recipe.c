@@ -168,19 +168,41 @@ static void add_row_f32(float *acc, const float *row, int64_t cols)
     for (; j < cols; j++) acc[j] += row[j];
 }
 
+#define COLSUM_STRIP 256 /* columns per task: a 1 KiB accumulator row in L1 */
+
+typedef struct colsum_job {
+    const uint8_t *x;
+    fp8mix_dtype xt;
+    int64_t rows, cols, ld;
+    float *colsum;
+} colsum_job;
+
+/* Columns [t * COLSUM_STRIP, ...) of every row, rows in order: a strip's sums are the
+ * whole loop's, so the split (and the thread count) changes no bit. */
+static void colsum_task(void *ctx, int64_t t, int worker)
+{
+    (void)worker;
+    const colsum_job *J = (const colsum_job *)ctx;
+    int64_t c0 = t * COLSUM_STRIP, n = J->cols - c0 < COLSUM_STRIP ? J->cols - c0 : COLSUM_STRIP;
+    float *acc = J->colsum + c0;
+    const size_t es = dtype_size(J->xt);
+    for (int64_t j = 0; j < n; j++) acc[j] = 0.0f;
+    for (int64_t i = 0; i < J->rows; i++) {
+        const uint8_t *row = J->x + ((size_t)i * (size_t)J->ld + (size_t)c0) * es;
+        if (J->xt == FP8MIX_F32) {
+            add_row_f32(acc, (const float *)row, n);
+        } else {
+            for (int64_t j = 0; j < n; j++) acc[j] += load_f32(row, J->xt, j);
+        }
+    }
+}
+
 /* colsum[j] = sum_i x[i][j], rows in order. */
 static void column_sums(const void *x, fp8mix_dtype xt, int64_t rows, int64_t cols, int64_t ld, float *colsum)
 {
-    for (int64_t j = 0; j < cols; j++) colsum[j] = 0.0f;
-    const size_t es = dtype_size(xt);
-    for (int64_t i = 0; i < rows; i++) {
-        const uint8_t *row = (const uint8_t *)x + (size_t)i * (size_t)ld * es;
-        if (xt == FP8MIX_F32) {
-            add_row_f32(colsum, (const float *)row, cols);
-        } else {
-            for (int64_t j = 0; j < cols; j++) colsum[j] += load_f32(row, xt, j);
-        }
-    }
+    colsum_job J = {(const uint8_t *)x, xt, rows, cols, ld, colsum};
+    int64_t strips = ceil_div(cols, COLSUM_STRIP);
+    fp8mix_parallel_for(strips, fp8mix_workers_for(rows * cols, 1 << 17), colsum_task, &J);
 }
 
 fp8mix_status fp8mix_cast_grad(const void *dy, fp8mix_dtype xt, int64_t rows, int64_t cols, int64_t ld,
