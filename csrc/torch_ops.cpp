@@ -27,9 +27,13 @@
 #include "fp8mix_cuda.h"
 #endif
 
-namespace {
 // The C core's parallel loops run on PyTorch's intra-op threads: two pools on the same
-// cores would compete (torch's OpenMP threads spin after each of torch's loops).
+// cores would compete (torch's OpenMP threads spin after each of torch's loops). With an
+// OpenMP torch, at::parallel_for is a pragma compiled here: only a file built with
+// OpenMP (setup.py's -fopenmp) runs it in parallel; otherwise the C core keeps its pool.
+#if AT_PARALLEL_NATIVE || (AT_PARALLEL_OPENMP && defined(_OPENMP))
+#define FP8MIX_TORCH_THREADS 1
+namespace {
 void run_on_torch_threads(int workers, fp8mix_worker_body body, void *job)
 {
     at::parallel_for(0, workers, 1, [&](int64_t b, int64_t e) {
@@ -37,13 +41,25 @@ void run_on_torch_threads(int workers, fp8mix_worker_body body, void *job)
     });
 }
 } // namespace
+#endif
 
 extern "C" PyObject *PyInit__C(void)
 {
+#ifdef FP8MIX_TORCH_THREADS
     fp8mix_set_thread_pool(run_on_torch_threads);
+    const long torch_threads = 1;
+#else
+    const long torch_threads = 0;
+#endif
     static PyModuleDef def = {PyModuleDef_HEAD_INIT, "_C", "fp8mix native ops (registered as torch.ops.fp8mix)", -1,
                               nullptr};
-    return PyModule_Create(&def);
+    PyObject *m = PyModule_Create(&def);
+    // whether the C core's loops run on torch's threads (tests/test_threads.py)
+    if (m && PyModule_AddIntConstant(m, "torch_threads", torch_threads) < 0) {
+        Py_DECREF(m);
+        return nullptr;
+    }
+    return m;
 }
 
 namespace {

@@ -16,6 +16,7 @@ import sys
 import textwrap
 
 import pytest
+import torch
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux") or (os.cpu_count() or 1) < 2,
                                 reason="reads /proc/self/task; needs 2 CPUs")
@@ -50,7 +51,33 @@ _CHILD = textwrap.dedent("""
 """)
 
 
+def _openmp_build_expected() -> bool:
+    """setup.py's condition for compiling the extension with -fopenmp (GCC, OpenMP torch)."""
+    if not torch.backends.openmp.is_available():
+        return False
+    try:
+        out = subprocess.run([os.environ.get("CXX", "c++"), "--version"], capture_output=True, text=True,
+                             timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "clang" not in out.lower()
+
+
+def test_extension_hands_the_c_core_torchs_threads():
+    """Where setup.py builds with -fopenmp (or torch's backend is its own pool) the extension
+    gives the C core torch's threads; elsewhere the C core keeps its pool (then the two
+    tests below do not apply)."""
+    import fp8mix._C as C
+
+    if _openmp_build_expected():
+        assert C.torch_threads == 1
+
+
 def _child():
+    import fp8mix._C as C
+
+    if not C.torch_threads:
+        pytest.skip("this build runs the C core on its own pool (no OpenMP in the extension)")
     out = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])

@@ -44,6 +44,7 @@
  * of L2); a narrower panel packs A once more per chunk.  None of the sizes
  * changes a sum: a K run is never split by the tiling. */
 #define SLIVER_VALUES 8192
+#define KC_MAX 512            /* (bounds the per-block scale buffer below)      */
 #define ABLOCK_VALUES (144 * 256)
 #define NC 1024
 #define ACC_WORDS (2 << 20)   /* accumulator cap for non-float32 outputs       */
@@ -180,7 +181,7 @@ static void run_tile(const plan *pl, const uint32_t *as, const uint32_t *bs, int
     if (!pl->block) {
         uk->fn(pl->kce, as, bs, c, ld, load, NULL);
     } else {
-        float rs[MAX_TILE]; /* per 128-deep block of the K step: MR row scales */
+        float rs[KC_MAX / FP8MIX_BLOCK * 32]; /* per 128-deep block of the K step: MR (<= 32) row scales */
         for (int64_t sb = 0; sb < pl->kc; sb += FP8MIX_BLOCK) {
             int64_t kb = (pl->pc + sb) / FP8MIX_BLOCK;
             /* fp8mix_gemm_block_scale(g, i + r, kb, j), with the block counts hoisted */
@@ -254,7 +255,7 @@ static void k0_task(void *ctx, int64_t i, int worker)
 static int64_t kc_for(const fp8mix_gemm_ukernel *uk)
 {
     int64_t kc = SLIVER_VALUES / uk->nr / FP8MIX_BLOCK * FP8MIX_BLOCK;
-    return kc < FP8MIX_BLOCK ? FP8MIX_BLOCK : kc;
+    return kc < FP8MIX_BLOCK ? FP8MIX_BLOCK : kc > KC_MAX ? KC_MAX : kc;
 }
 
 /* Block sizes for the shape and worker count; returns the workspace bytes. */
