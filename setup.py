@@ -22,9 +22,36 @@ import shutil
 import subprocess
 import sys
 
-import torch
-from setuptools import setup
-from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+def _toolkit_behind_wrapper():
+    """CUDA_HOME for an nvcc on PATH that is a wrapper script (e.g. /usr/local/bin/nvcc running
+    /usr/local/cuda-13.0/bin/nvcc): torch derives CUDA_HOME from nvcc's folder and would look
+    for the CUDA headers and libraries in /usr/local. Asks nvcc itself for its toolkit (the
+    TOP of `nvcc -v`); sets nothing when CUDA_HOME/CUDA_PATH is set or the folder above nvcc
+    already holds the toolkit's headers."""
+    nvcc = shutil.which("nvcc")
+    if os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or not nvcc:
+        return
+    if os.path.exists(os.path.join(os.path.dirname(os.path.dirname(nvcc)), "include", "cuda_runtime_api.h")):
+        return
+    try:
+        out = subprocess.run([nvcc, "-v", "-E", "-x", "cu", os.devnull, "-o", os.devnull], capture_output=True,
+                             text=True, timeout=60).stderr
+    except (OSError, subprocess.SubprocessError):
+        return
+    for line in out.splitlines():
+        if line.startswith("#$ TOP="):
+            top = os.path.realpath(line.split("=", 1)[1].strip())
+            if os.path.exists(os.path.join(top, "include", "cuda_runtime_api.h")):
+                os.environ["CUDA_HOME"] = top
+            return
+
+
+_toolkit_behind_wrapper()  # before torch.utils.cpp_extension reads CUDA_HOME
+
+import torch  # noqa: E402
+from setuptools import setup  # noqa: E402
+from torch.utils.cpp_extension import BuildExtension, CppExtension  # noqa: E402
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 CORE_BUILD = os.path.join("build", "core-ext")
