@@ -10,6 +10,9 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/utils/pybind.h>
 #include <torch/library.h>
 
 #include <cmath>
@@ -43,6 +46,10 @@ void run_on_torch_threads(int workers, fp8mix_worker_body body, void *job)
 } // namespace
 #endif
 
+namespace {
+void add_direct_calls(PyObject *module); // below: fp8mix.nn's eager entry points
+}
+
 extern "C" PyObject *PyInit__C(void)
 {
 #ifdef FP8MIX_TORCH_THREADS
@@ -57,6 +64,13 @@ extern "C" PyObject *PyInit__C(void)
     // whether the C core's loops run on torch's threads (tests/test_threads.py)
     if (m && PyModule_AddIntConstant(m, "torch_threads", torch_threads) < 0) {
         Py_DECREF(m);
+        return nullptr;
+    }
+    try {
+        if (m) add_direct_calls(m);
+    } catch (const std::exception &e) {
+        Py_DECREF(m);
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ImportError, e.what());
         return nullptr;
     }
     return m;
@@ -1794,3 +1808,113 @@ TORCH_LIBRARY_IMPL(fp8mix, CPU, m)
     m.impl("linear_current_casts", &linear_current_casts_cpu);
     m.impl("linear_backward", &linear_backward_cpu);
 }
+
+// ---- direct calls: fp8mix.nn's eager CPU step without torch.ops' per-call cost ------
+//
+// A call through torch.ops converts every argument against the schema, boxes the stack and
+// passes the autograd fallback: about 80K instructions (20-25 us here) before the kernel
+// runs, most of a 64x64 layer's step, which makes three such calls. fp8mix.nn calls these
+// module functions instead where nothing needs to see the op (eager mode, no dispatch mode,
+// no functorch transform: fp8mix/nn/_forward.py decides). They run the same *_cpu
+// functions, so the results are the ops' bit for bit; the profiler records them under the
+// op's name; the GIL is released around the kernel, as torch.ops does; and, like the ops
+// (custom ops' autograd fallback), they leave version counters alone.
+namespace {
+
+// Wrapper tensors (a Python subclass, functorch's) have no storage of their own to read.
+void check_plain(const at::Tensor &t, const char *op)
+{
+    static const c10::DispatchKeySet wrapped({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot,
+                                              c10::DispatchKey::FuncTorchBatched,
+                                              c10::DispatchKey::FuncTorchGradWrapper,
+                                              c10::DispatchKey::Functionalize});
+    TORCH_CHECK_TYPE(!t.defined() || (t.is_cpu() && !t.key_set().has_any(wrapped)), "fp8mix._C.", op,
+                     ": takes plain CPU tensors (a tensor subclass or a functorch wrapper must go through "
+                     "torch.ops.fp8mix.", op, ")");
+}
+
+void check_plain(const c10::optional<at::Tensor> &t, const char *op)
+{
+    if (t) check_plain(*t, op);
+}
+
+template <typename F> auto direct(const char *name, F &&body)
+{
+    RECORD_FUNCTION(name, std::vector<c10::IValue>());
+    pybind11::gil_scoped_release no_gil;
+    return body();
+}
+
+void add_direct_calls(PyObject *module)
+{
+    auto m = pybind11::reinterpret_borrow<pybind11::module_>(module);
+    m.def(
+        "linear_delayed_casts",
+        [](const at::Tensor &x, const at::Tensor &w, const at::Tensor &hist, const at::Tensor &scale,
+           const at::Tensor &steps, const at::Tensor &pending, const at::Tensor &next_slot, int64_t gemm,
+           int64_t history_len, at::ScalarType x_dtype, at::ScalarType w_dtype, at::ScalarType grad_dtype,
+           int64_t margin, bool pow2, const std::string &algo, int64_t interval, bool record, bool reserve,
+           bool transpose, bool inf_to_nan) {
+            HANDLE_TH_ERRORS
+            const char *op = "linear_delayed_casts";
+            for (const at::Tensor *t : {&x, &w, &hist, &scale, &steps, &pending, &next_slot}) check_plain(*t, op);
+            return direct("fp8mix::linear_delayed_casts", [&] {
+                return linear_delayed_casts_cpu(x, w, hist, scale, steps, pending, next_slot, gemm, history_len,
+                                                x_dtype, w_dtype, grad_dtype, margin, pow2, algo, interval, record,
+                                                reserve, transpose, inf_to_nan);
+            });
+            END_HANDLE_TH_ERRORS_PYBIND
+        },
+        "torch.ops.fp8mix.linear_delayed_casts, called directly (positional arguments in the schema's order)");
+    m.def(
+        "linear_current_casts",
+        [](const at::Tensor &x, const at::Tensor &w, at::ScalarType x_dtype, at::ScalarType w_dtype, int64_t margin,
+           bool pow2, double eps, bool transpose, bool inf_to_nan) {
+            HANDLE_TH_ERRORS
+            check_plain(x, "linear_current_casts");
+            check_plain(w, "linear_current_casts");
+            return direct("fp8mix::linear_current_casts", [&] {
+                return linear_current_casts_cpu(x, w, x_dtype, w_dtype, margin, pow2, eps, transpose, inf_to_nan);
+            });
+            END_HANDLE_TH_ERRORS_PYBIND
+        },
+        "torch.ops.fp8mix.linear_current_casts, called directly (positional arguments in the schema's order)");
+    m.def(
+        "scaled_mm",
+        [](const at::Tensor &a, const at::Tensor &b, const at::Tensor &scale_a, const at::Tensor &scale_b,
+           const c10::optional<at::Tensor> &bias, c10::optional<at::ScalarType> out_dtype,
+           const std::string &accumulate, int64_t promote_interval, int64_t kind_a, int64_t kind_b) {
+            HANDLE_TH_ERRORS
+            const char *op = "scaled_mm";
+            for (const at::Tensor *t : {&a, &b, &scale_a, &scale_b}) check_plain(*t, op);
+            check_plain(bias, op);
+            return direct("fp8mix::scaled_mm", [&] {
+                return scaled_mm_cpu(a, b, scale_a, scale_b, bias, out_dtype, accumulate, promote_interval, kind_a,
+                                     kind_b);
+            });
+            END_HANDLE_TH_ERRORS_PYBIND
+        },
+        "torch.ops.fp8mix.scaled_mm on the CPU, called directly (positional arguments in the schema's order)");
+    m.def(
+        "linear_backward",
+        [](const at::Tensor &dy, const at::Tensor &w, const at::Tensor &w_sinv, const at::Tensor &xq,
+           const at::Tensor &x_sinv, at::ScalarType fp8_dtype, const c10::optional<at::Tensor> &plan,
+           const c10::optional<at::Tensor> &pending, const c10::optional<at::Tensor> &slot, int64_t margin, bool pow2,
+           double eps, bool colsum, bool want_dx, bool want_dw, at::ScalarType dx_dtype, at::ScalarType dw_dtype,
+           const c10::optional<at::Tensor> &w_scale, const c10::optional<at::Tensor> &w_amax,
+           c10::optional<at::ScalarType> w_fp8_dtype) {
+            HANDLE_TH_ERRORS
+            const char *op = "linear_backward";
+            for (const at::Tensor *t : {&dy, &w, &w_sinv, &xq, &x_sinv}) check_plain(*t, op);
+            for (const c10::optional<at::Tensor> *t : {&plan, &pending, &slot, &w_scale, &w_amax}) check_plain(*t, op);
+            return direct("fp8mix::linear_backward", [&] {
+                return linear_backward_cpu(dy, w, w_sinv, xq, x_sinv, fp8_dtype, plan, pending, slot, margin, pow2,
+                                           eps, colsum, want_dx, want_dw, dx_dtype, dw_dtype, w_scale, w_amax,
+                                           w_fp8_dtype);
+            });
+            END_HANDLE_TH_ERRORS_PYBIND
+        },
+        "torch.ops.fp8mix.linear_backward, called directly (positional arguments in the schema's order)");
+}
+
+} // namespace

@@ -261,7 +261,8 @@ def one_op_casts(m, x2: torch.Tensor, w: torch.Tensor, plan: Plan, wants_grad: b
     """What cast_input and cast_weight return (and leave in the plan and the weight cache),
     with delayed scaling's flush of the grad_output role before them (_forward._grad_plan),
     as one op of the same kernels in the same order: for a plan with ``plan.one_op`` (eager,
-    CPU, per-tensor scaling rounded to nearest, no process group, no replay, W cast now)."""
+    CPU, per-tensor scaling rounded to nearest, no process group, no replay, W cast now,
+    nothing watching the dispatcher: the op is called directly)."""
     c, g = plan.consts, plan.gemm
     w_amax = None
     if c.delayed:
@@ -271,13 +272,13 @@ def one_op_casts(m, x2: torch.Tensor, w: torch.Tensor, plan: Plan, wants_grad: b
          plan.g_slot) = ops.linear_delayed_casts(
             x2, w, b["fp8_amax_history"], b["fp8_scale"], b["fp8_steps"], pending, slot, gemm=g,
             x_dtype=fmt_dtype(plan, _IN), w_dtype=fmt_dtype(plan, _W), grad_dtype=fmt_dtype(plan, _G), spec=c.spec,
-            record=plan.record, reserve=plan.record and wants_grad, transpose=plan.tn)
+            record=plan.record, reserve=plan.record and wants_grad, transpose=plan.tn, direct=True)
         plan.grad_fresh = m._maybe_fresh[3 * g + 2]
     else:
         r = plan.recipe
         xq, xqt, x_sinv, _, wq, wqt, w_sinv, w_amax = ops.linear_current_casts(
             x2, w, x_dtype=fmt_dtype(plan, _IN), w_dtype=fmt_dtype(plan, _W), margin=r.margin,
-            power_2_scale=r.power_2_scale, amax_epsilon=c.eps, transpose=plan.tn)
+            power_2_scale=r.power_2_scale, amax_epsilon=c.eps, transpose=plan.tn, direct=True)
     x_save, x_save_sinv = (xqt, x_sinv) if plan.tn else (None, None)
     wqt = wqt if plan.tn else None
     if is_first_microbatch:

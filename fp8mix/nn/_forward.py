@@ -252,9 +252,9 @@ def _make_plan(m, x2, weight, frame, replay, recompute: bool, layout: str, is_fi
         _plan_rounding(m, plan, x2.shape[0], x2.shape[1], weight.numel() // x2.shape[1], weight_cast, wants_grad,
                        grad_if_training=x2.requires_grad or weight.requires_grad)
         # Under a TorchDispatchMode (an op counter, FakeTensorMode, a debugger) the separate ops
-        # run, as on a GPU: what such a mode observes does not depend on the device.
-        plan.one_op = (one_op_ok and eager and consts.one_op and group is None and not plan.skips
-                       and not torch._C._len_torch_dispatch_stack())
+        # run, as on a GPU: what such a mode observes does not depend on the device. Otherwise
+        # the one-op path calls the ops directly (ops.direct_ok), without torch.ops' dispatch.
+        plan.one_op = one_op_ok and eager and consts.one_op and group is None and not plan.skips and ops.direct_ok()
         if consts.delayed:
             m._ensure_history(consts.spec.history_len)
             if not plan.one_op:

@@ -53,7 +53,8 @@ class FP8LinearFunction(torch.autograd.Function):
         # eleven: autograd.Function.apply's cost grows with its argument count
         xq, x_sinv, x_save, x_save_sinv, wq, wqt, w_sinv, g_plan, g_slot, pending, rng = fp8
         b, sb = _weight_operand(wq, wqt, w_sinv, plan, dgrad=False)
-        y = ops.scaled_mm(xq, b, x_sinv, sb, bias=bias, out_dtype=plan.out_dtype, scale_kinds=plan.consts.kinds)
+        y = ops.scaled_mm(xq, b, x_sinv, sb, bias=bias, out_dtype=plan.out_dtype, scale_kinds=plan.consts.kinds,
+                          direct=plan.one_op)
         if x_save is None:  # per-tensor recipes keep the forward's FP8 x itself (in_out: as x^T, a view)
             x_save, x_save_sinv = (xq.t() if plan.layout == "in_out" else xq), x_sinv
         if plan.w_recast is not None:  # backward casts W again: keep the weight, not its FP8 copy
@@ -124,7 +125,8 @@ def _one_op_backward(ctx, plan: Plan, dy2, x_save, x_sinv, wq, w_sinv, g_plan, g
     dx, dw, db, gq, g_sinv = ops.linear_backward(
         dy2, wq, w_sinv, x_save, x_sinv, fp8_dtype=fdt, plan=gp, pending=pending, slot=slot, margin=r.margin,
         power_2_scale=r.power_2_scale, amax_epsilon=c.eps, colsum=want_db, want_dx=ctx.needs_input_grad[0],
-        want_dw=ctx.needs_input_grad[1], dx_dtype=ctx.x_dtype, dw_dtype=ctx.w_dtype, **recast)
+        want_dw=ctx.needs_input_grad[1], dx_dtype=ctx.x_dtype, dw_dtype=ctx.w_dtype, direct=ops.direct_ok(),
+        **recast)
     if plan.record:
         observe_grad(plan, dy2, gq, g_sinv, Granularity.TENSOR)
     db = db if want_db else None

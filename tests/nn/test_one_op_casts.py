@@ -176,10 +176,12 @@ class _Ops(TorchDispatchMode):
 
 class _Count:
     """Counts the fp8mix ops a step runs without a TorchDispatchMode (which would select the
-    separate ops: fp8mix.nn._forward runs those under any dispatch mode)."""
+    separate ops: fp8mix.nn._forward runs those under any dispatch mode), and which of them
+    were called directly (fp8mix._C, not torch.ops)."""
 
     def __init__(self):
         self.names: list = []
+        self.direct: list = []
         self._orig: dict = {}
 
     def __enter__(self):
@@ -192,6 +194,8 @@ class _Count:
     def _counting(self, name, f):
         def call(*args, **kwargs):
             self.names.append(name)
+            if kwargs.get("direct"):
+                self.direct.append(name)
             return f(*args, **kwargs)
         return call
 
@@ -228,15 +232,16 @@ def _train(recipe, *, one_op: bool, steps=4):
             lin.weight.add_(0.01)
     # every FP8 buffer (of fp8_rng its offset: the key comes from the order modules are built in)
     state = [b[1:].clone() if k == "fp8_rng" else b.clone() for k, b in lin.named_buffers() if k.startswith("fp8_")]
-    return out, state, seen.names
+    return out, state, seen.names, seen.direct
 
 
 @pytest.mark.parametrize("recipe_cls", [DelayedScaling, CurrentScaling])
 def test_linear_through_one_op_equals_the_separate_ops(recipe_cls):
-    out_a, state_a, names_a = _train(recipe_cls(), one_op=True)
-    out_b, state_b, names_b = _train(recipe_cls(), one_op=False)
+    out_a, state_a, names_a, direct_a = _train(recipe_cls(), one_op=True)
+    out_b, state_b, names_b, direct_b = _train(recipe_cls(), one_op=False)
     merged = "linear_delayed_casts" if recipe_cls is DelayedScaling else "linear_current_casts"
     assert merged in names_a and merged not in names_b
+    assert direct_a == [merged, "scaled_mm", "linear_backward"] and not direct_b  # fp8mix._C, not torch.ops
     assert "linear_backward" in names_a and "linear_backward" not in names_b
     assert names_a.count("scaled_mm") == 1 and names_b.count("scaled_mm") == 3  # dgrad, wgrad in linear_backward
     casts = [n for n in names_a if n.startswith(("delayed", "quantize", "linear_", "grad"))]
@@ -250,3 +255,87 @@ def test_linear_through_one_op_equals_the_separate_ops(recipe_cls):
     ref = torch.nn.Linear(48, 40)
     y_ref = ref(torch.randn(24, 48)).detach()
     assert (out_a[0] - y_ref).norm() / y_ref.norm() < 0.1  # E4M3 operands: a few percent
+
+
+# ---- the direct calls (fp8mix._C): the ops' CPU functions without torch.ops ------------
+
+def _direct_and_op(name, args, kwargs, mutated=()):
+    """Runs the op both ways on separate copies of the mutated state; returns both results
+    and both copies of the state."""
+    a_args, b_args = list(args), list(args)
+    for i in mutated:
+        a_args[i], b_args[i] = args[i].clone(), args[i].clone()
+    got = getattr(ops, name)(*a_args, **kwargs, direct=True)
+    exp = getattr(ops, name)(*b_args, **kwargs)
+    return got, exp, [a_args[i] for i in mutated], [b_args[i] for i in mutated]
+
+
+def _same(got, exp):
+    got, exp = (got, exp) if isinstance(got, tuple) else ((got,), (exp,))
+    assert len(got) == len(exp)
+    ints = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+    for i, (g, e) in enumerate(zip(got, exp)):  # bit for bit (NaN included)
+        g, e = (g.view(ints[g.dtype]), e.view(ints[e.dtype])) if g.dtype in ints and g.dim() else (g, e)
+        assert _equal(g, e) or (g.dim() == 0 and g.isnan() and e.isnan()), f"output {i}: {g} vs {e}"
+
+
+@pytest.mark.parametrize("record", [True, False])
+def test_direct_calls_equal_torch_ops(record):
+    torch.manual_seed(7)
+    x, w = torch.randn(29, 64) * 5, torch.randn(40, 64) * 0.1
+    x[2, 3] = float("nan")
+    spec = ops.DelayedSpec(history_len=16, margin=1)
+    got, exp, sa, sb = _direct_and_op("linear_delayed_casts", (x, w, *_state()),
+                                      dict(gemm=0, x_dtype=E4, w_dtype=E4, grad_dtype=E5, spec=spec, record=record,
+                                           reserve=record, transpose=True), mutated=range(2, 7))
+    _same(got, exp)
+    for a, b in zip(sa, sb):
+        assert torch.equal(a, b)
+    _same(*_direct_and_op("linear_current_casts", (x.half(), w.half()), dict(x_dtype=E4, w_dtype=E5, margin=2))[:2])
+    xq, _, xs, _ = ops.quantize_current(x, E4)
+    wq, _, ws, _ = ops.quantize_current(w, E4)
+    bias = torch.randn(40).bfloat16()
+    k = (ops.MmScale.TENSOR, ops.MmScale.TENSOR)
+    _same(*_direct_and_op("scaled_mm", (xq, wq.t(), xs, ws), dict(bias=bias, out_dtype=torch.bfloat16,
+                                                                 scale_kinds=k))[:2])
+    dy = torch.randn(29, 40) * 1e-2
+    pend, slot = torch.full((4,), -1.0), torch.tensor(1)
+    got, exp, sa, sb = _direct_and_op("linear_backward", (dy, w, ws, xq, xs),
+                                      dict(fp8_dtype=E5, plan=torch.tensor([512.0, 1 / 512]), pending=pend, slot=slot,
+                                           colsum=True, w_amax=w.abs().amax(), w_fp8_dtype=E4))
+    _same(got, exp)
+    assert pend[1] > 0  # both kept dy's amax (in the same buffer: the op ran second and found it)
+
+
+def test_direct_calls_refuse_wrapped_tensors_and_raise_the_ops_errors():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        fx = torch.randn(8, 32)
+    w = torch.randn(16, 32)
+    with pytest.raises(TypeError, match="plain CPU tensors"):
+        ops.linear_current_casts(fx, w, x_dtype=E4, w_dtype=E4, direct=True)
+    assert ops.direct_ok()  # outside any mode or transform
+    with FakeTensorMode():
+        assert not ops.direct_ok()
+    with _Ops():
+        assert not ops.direct_ok()
+    assert torch.func.vmap(lambda t: t * ops.direct_ok())(torch.ones(2, 2)).sum() == 0  # a transform: False
+    x = torch.randn(8, 32)
+    for direct in (False, True):
+        with pytest.raises(TypeError, match="FP8 dtype"):
+            ops.linear_current_casts(x, w, x_dtype=torch.float32, w_dtype=E4, direct=direct)
+        with pytest.raises(ValueError, match="inner dimensions"):
+            ops.linear_backward(torch.randn(8, 15), w.to(E4), torch.ones(()), x.to(E4), torch.ones(()),
+                                fp8_dtype=E5, direct=direct)
+
+
+def test_the_profiler_sees_the_direct_calls_by_name():
+    lin, x = fp8mix.Linear(32, 32), torch.randn(8, 32, requires_grad=True)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        with fp8mix.fp8_autocast(fp8_recipe=DelayedScaling()):
+            y = lin(x)
+        y.sum().backward()
+    names = [e.name for e in prof.events()]
+    for op in ("fp8mix::linear_delayed_casts", "fp8mix::scaled_mm", "fp8mix::linear_backward"):
+        assert names.count(op) == 1, (op, sorted(set(n for n in names if "fp8mix" in n)))
