@@ -9,6 +9,7 @@
 #include <Python.h>
 
 #include <ATen/ATen.h>
+#include <ATen/EmptyTensor.h>
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
 #include <torch/csrc/Exceptions.h>
@@ -146,6 +147,14 @@ void check_margin_eps(const char *op, int64_t margin, double eps)
     TORCH_CHECK_VALUE(eps >= 0.0 && std::isfinite(eps), "fp8mix.", op, ": amax_epsilon must be finite and >= 0");
 }
 
+// A new uninitialised tensor; on the CPU without the dispatcher's round trip (at::empty
+// costs ~2.5K instructions there, and a small layer's step allocates about 25 tensors).
+at::Tensor new_tensor(at::IntArrayRef sizes, const at::TensorOptions &opt)
+{
+    if (opt.device().is_cpu()) return at::detail::empty_cpu(sizes, opt);
+    return at::empty(sizes, opt);
+}
+
 struct View2D {
     at::Tensor t; // keeps a contiguous copy alive when one was needed
     int64_t rows, cols, ld;
@@ -162,7 +171,7 @@ View2D view2d(const at::Tensor &t)
         v.t = t;
         v.ld = t.size(0) > 1 ? t.stride(0) : v.cols;
     } else {
-        v.t = t.contiguous();
+        v.t = t.is_contiguous() ? t : t.contiguous(); // (contiguous() is a dispatch even when a no-op)
         v.ld = v.cols;
     }
     if (v.ld < 1) v.ld = 1;
@@ -255,8 +264,8 @@ CastPrep prepare_cast(const char *op, const at::Tensor &x, at::ScalarType fp8_dt
     c.g = x.is_cpu() ? granularity_cpu(gran, op) : granularity(gran, op);
     TORCH_CHECK_VALUE(want_q || transpose, "fp8mix.", op, ": nothing to produce (want_q and transpose both false)");
     c.v = view2d(x);
-    c.q = at::empty(want_q ? x.sizes() : at::IntArrayRef{0}, x.options().dtype(fp8_dtype));
-    c.qt = at::empty(transpose ? std::vector<int64_t>{c.v.cols, c.v.rows} : std::vector<int64_t>{0},
+    c.q = new_tensor(want_q ? x.sizes() : at::IntArrayRef{0}, x.options().dtype(fp8_dtype));
+    c.qt = new_tensor(transpose ? std::vector<int64_t>{c.v.cols, c.v.rows} : std::vector<int64_t>{0},
                      x.options().dtype(fp8_dtype));
     c.o = make_opts(fmt, saturate, stochastic, seed, offset, inf_to_nan);
     return c;
@@ -279,7 +288,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cast_cpu(const at::Tensor &x, con
     apply_rng(c.o, rng, rng_skip, op);
     const View2D &v = c.v;
     at::Tensor s = scale_arg(scale, scale_count(c.g, v.rows, v.cols), kCPU, op, "scale");
-    at::Tensor amax = at::empty({}, x.options().dtype(at::kFloat));
+    at::Tensor amax = new_tensor({}, x.options().dtype(at::kFloat));
     sync_threads();
     check_status(fp8mix_cast(v.t.data_ptr(), c.xt, v.rows, v.cols, v.ld, c.g, s.data_ptr<float>(), c.q_ptr(),
                              ld_of(v.cols), c.qt_ptr(), ld_of(v.rows), amax.data_ptr<float>(), &c.o),
@@ -304,16 +313,16 @@ quantize_current_t_cpu(const at::Tensor &x, at::ScalarType fp8_dtype, int64_t ma
     fp8mix_cast_opts o = make_opts(fp8_format(fp8_dtype, op), saturate, stochastic, seed, offset, inf_to_nan);
     apply_rng(o, rng, rng_skip, op);
     const int64_t rows = x.size(0), cols = x.size(1); // x's; y is cols x rows with row stride x.stride(1)
-    at::Tensor q = at::empty({rows, cols}, x.options().dtype(fp8_dtype));
+    at::Tensor q = new_tensor({rows, cols}, x.options().dtype(fp8_dtype));
     auto sshape = scale_shape(x, FP8MIX_GRAN_BLOCK, rows, cols);
-    at::Tensor sinv = at::empty(sshape, x.options().dtype(at::kFloat));
-    at::Tensor amax = at::empty(sshape, x.options().dtype(at::kFloat));
+    at::Tensor sinv = new_tensor(sshape, x.options().dtype(at::kFloat));
+    at::Tensor amax = new_tensor(sshape, x.options().dtype(at::kFloat));
     sync_threads();
     check_status(fp8mix_quantize_current_t(x.data_ptr(), xt, cols, rows, x.stride(1), FP8MIX_GRAN_BLOCK, (int)margin,
                                            pow2 ? 1 : 0, (float)eps, static_cast<uint8_t *>(q.data_ptr()), cols,
                                            sinv.data_ptr<float>(), amax.data_ptr<float>(), &o),
                  op);
-    return {q, at::empty({0}, x.options().dtype(fp8_dtype)), sinv, amax};
+    return {q, new_tensor({0}, x.options().dtype(fp8_dtype)), sinv, amax};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
@@ -385,7 +394,7 @@ at::Tensor quant_stats_cpu(const at::Tensor &x, const at::Tensor &q, const at::T
                       q.sizes());
     View2D vx = view2d(x), vq = view2d(q);
     at::Tensor s = scale_arg(scale_inv, scale_count(g, vx.rows, vx.cols), kCPU, op, "scale_inv");
-    at::Tensor out = at::empty({FP8MIX_STATS_N}, x.options().dtype(at::kDouble));
+    at::Tensor out = new_tensor({FP8MIX_STATS_N}, x.options().dtype(at::kDouble));
     fp8mix_stats_opts opts = {bad_scale_as_one ? 1 : 0};
     sync_threads();
     check_status(fp8mix_quant_stats(vx.t.data_ptr(), xt, vx.rows, vx.cols, vx.ld, (const uint8_t *)vq.t.data_ptr(),
@@ -403,7 +412,7 @@ at::Tensor dequantize_cpu(const at::Tensor &q, const at::Tensor &scale_inv, int6
     fp8mix_granularity g = granularity_cpu(gran, op);
     View2D v = view2d(q);
     at::Tensor s = scale_arg(scale_inv, scale_count(g, v.rows, v.cols), kCPU, op, "scale_inv");
-    at::Tensor out = at::empty(q.sizes(), q.options().dtype(out_dtype));
+    at::Tensor out = new_tensor(q.sizes(), q.options().dtype(out_dtype));
     sync_threads();
     check_status(fp8mix_dequantize((const uint8_t *)v.t.data_ptr(), fmt, v.rows, v.cols, v.ld, g,
                                    s.data_ptr<float>(), out.data_ptr(), ot, ld_of(v.cols)),
@@ -427,9 +436,9 @@ quantize_mx_cpu(const at::Tensor &x, at::ScalarType fp8_dtype, int64_t rule, int
     apply_rng(c.o, rng, rng_skip, op);
     const View2D &v = c.v;
     auto opts = x.options().dtype(at::kFloat);
-    at::Tensor sinv = want_q ? at::ones(scale_shape(x, FP8MIX_GRAN_MX, v.rows, v.cols), opts) : at::empty({0}, opts);
-    at::Tensor amax = want_q ? at::zeros(scale_shape(x, FP8MIX_GRAN_MX, v.rows, v.cols), opts) : at::empty({0}, opts);
-    at::Tensor sinv_t = transpose ? at::ones({v.cols, (v.rows + 31) / 32}, opts) : at::empty({0}, opts);
+    at::Tensor sinv = want_q ? at::ones(scale_shape(x, FP8MIX_GRAN_MX, v.rows, v.cols), opts) : new_tensor({0}, opts);
+    at::Tensor amax = want_q ? at::zeros(scale_shape(x, FP8MIX_GRAN_MX, v.rows, v.cols), opts) : new_tensor({0}, opts);
+    at::Tensor sinv_t = transpose ? at::ones({v.cols, (v.rows + 31) / 32}, opts) : new_tensor({0}, opts);
     sync_threads();
     check_status(fp8mix_quantize_mx(v.t.data_ptr(), c.xt, v.rows, v.cols, v.ld, (fp8mix_mx_rule)rule, (int)margin,
                                     (float)eps, c.q_ptr(), ld_of(v.cols), want_q ? sinv.data_ptr<float>() : nullptr,
@@ -520,8 +529,8 @@ delayed_cast_cpu(const at::Tensor &x, const at::Tensor &hist, const at::Tensor &
     const float *fa = scalar_f32(fresh_amax, op, "fresh_amax");
     CastPrep c = prepare_cast(op, x, fp8_dtype, FP8MIX_GRAN_TENSOR, true, false, 0, 0, true, transpose, inf_to_nan);
     apply_rng(c.o, rng, rng_skip, op);
-    at::Tensor scales = at::empty({2}, x.options().dtype(at::kFloat));
-    at::Tensor amax = at::empty({}, x.options().dtype(at::kFloat));
+    at::Tensor scales = new_tensor({2}, x.options().dtype(at::kFloat));
+    at::Tensor amax = new_tensor({}, x.options().dtype(at::kFloat));
     sync_threads();
     const View2D &v = c.v;
     check_status(fp8mix_cast_delayed(v.t.data_ptr(), c.xt, v.rows, v.cols, v.ld, c.q_ptr(), ld_of(v.cols), c.qt_ptr(),
@@ -559,8 +568,9 @@ delayed_flush_cpu(const at::Tensor &hist, const at::Tensor &scale, const at::Ten
     check_state_tensor(next_slot, at::kLong, 0, op, "next_slot");
     TORCH_CHECK_VALUE(pending.numel() >= 1, "fp8mix.", op, ": pending needs at least one slot");
     TORCH_CHECK_VALUE(record || !reserve, "fp8mix.", op, ": reserve needs record");
-    at::Tensor plan = at::empty({2}, hist.options());
-    at::Tensor slot = at::zeros({}, steps.options());
+    at::Tensor plan = new_tensor({2}, hist.options());
+    at::Tensor slot = new_tensor({}, steps.options());
+    *slot.data_ptr<int64_t>() = 0; // (written only when reserving)
     check_status(fp8mix_delayed_flush(&d.st, role, fp8_format(fp8_dtype, op), &d.r, pending.data_ptr<float>(),
                                       pending.numel(), next_slot.data_ptr<int64_t>(), record ? 1 : 0,
                                       reserve ? 1 : 0, plan.data_ptr<float>(), slot.data_ptr<int64_t>()),
@@ -587,7 +597,7 @@ grad_cast_cpu(const at::Tensor &dy, at::ScalarType fp8_dtype, const c10::optiona
         TORCH_CHECK_TYPE(slot->scalar_type() == at::kLong && slot->numel() == 1, "fp8mix.", op,
                          ": slot must be one int64");
         check_on(*slot, kCPU, op, "slot");
-        const int64_t k = slot->item<int64_t>();
+        const int64_t k = *slot->data_ptr<int64_t>(); // (a CPU int64 of one element: no .item() dispatch)
         TORCH_CHECK_VALUE(k >= 0 && k < pending->numel(), "fp8mix.", op, ": slot ", k, " outside [0, ",
                           pending->numel(), ")");
         pend_slot = pending->data_ptr<float>() + k;
@@ -595,9 +605,9 @@ grad_cast_cpu(const at::Tensor &dy, at::ScalarType fp8_dtype, const c10::optiona
     CastPrep c = prepare_cast(op, dy, fp8_dtype, FP8MIX_GRAN_TENSOR, true, false, 0, 0, true, transpose, inf_to_nan);
     apply_rng(c.o, rng, rng_skip, op);
     const View2D &v = c.v;
-    at::Tensor sinv = at::empty({}, dy.options().dtype(at::kFloat));
-    at::Tensor amax = at::empty({}, dy.options().dtype(at::kFloat));
-    at::Tensor cs = at::empty({colsum ? v.cols : 0}, dy.options().dtype(at::kFloat));
+    at::Tensor sinv = new_tensor({}, dy.options().dtype(at::kFloat));
+    at::Tensor amax = new_tensor({}, dy.options().dtype(at::kFloat));
+    at::Tensor cs = new_tensor({colsum ? v.cols : 0}, dy.options().dtype(at::kFloat));
     sync_threads();
     check_status(fp8mix_cast_grad(v.t.data_ptr(), c.xt, v.rows, v.cols, v.ld, c.q_ptr(), ld_of(v.cols), c.qt_ptr(),
                                   ld_of(v.rows), pl, (int)margin, pow2 ? 1 : 0, (float)eps, pend_slot, &c.o,
@@ -729,7 +739,7 @@ at::Tensor scaled_mm_cpu(const at::Tensor &a, const at::Tensor &b, const at::Ten
         TORCH_CHECK_VALUE(bias_t.dim() == 1 && bias_t.size(0) == N, "fp8mix.scaled_mm: bias must have shape (",
                           N, "), got ", bias_t.sizes());
     }
-    at::Tensor out = at::empty({M, N}, a.options().dtype(odt));
+    at::Tensor out = new_tensor({M, N}, a.options().dtype(odt));
     fp8mix_gemm_args g;
     memset(&g, 0, sizeof g);
     g.m = M; g.n = N; g.k = K;
@@ -788,12 +798,12 @@ FusedPrep prepare_fused(const char *op, const at::Tensor &like, std::vector<int6
     check_margin_eps(op, margin, eps);
     TORCH_CHECK_VALUE(want_q || !transpose, "fp8mix.", op, ": transpose needs want_q (the transpose is made from q)");
     const at::TensorOptions opt = like.options();
-    f.q = at::empty(want_q ? at::IntArrayRef(sizes) : at::IntArrayRef{0}, opt.dtype(fp8_dtype));
-    f.qt = at::empty(transpose ? std::vector<int64_t>{cols, rows} : std::vector<int64_t>{0}, opt.dtype(fp8_dtype));
+    f.q = new_tensor(want_q ? at::IntArrayRef(sizes) : at::IntArrayRef{0}, opt.dtype(fp8_dtype));
+    f.qt = new_tensor(transpose ? std::vector<int64_t>{cols, rows} : std::vector<int64_t>{0}, opt.dtype(fp8_dtype));
     auto sshape = scale_shape(like, g, rows, cols);
     f.scale_inv = at::ones(sshape, opt.dtype(at::kFloat));
     f.amax = at::zeros(sshape, opt.dtype(at::kFloat));
-    f.hp = hp_out.has_value() ? at::empty(sizes, opt.dtype(*hp_out)) : at::empty({0}, opt.dtype(at::kFloat));
+    f.hp = hp_out.has_value() ? new_tensor(sizes, opt.dtype(*hp_out)) : new_tensor({0}, opt.dtype(at::kFloat));
     fp8mix_dtype yt = hp_out.has_value() ? hp_dtype(*hp_out, op) : FP8MIX_F32;
     if (scale.has_value() && scale->defined()) {
         f.scale = scale_arg(*scale, scale_count(g, rows, cols), kCPU, op, "scale");
@@ -874,8 +884,8 @@ NormArgs norm_args(const char *op, const View2D &v, const at::Tensor &x, const c
         if (layer) a.mean = stats_arg(*mean, v.rows, op, "mean");
     } else {
         TORCH_CHECK_VALUE(!(mean.has_value() && mean->defined()), "fp8mix.", op, ": mean given without rstd");
-        a.rstd = at::empty({v.rows}, x.options().dtype(at::kFloat));
-        if (layer) a.mean = at::empty({v.rows}, x.options().dtype(at::kFloat));
+        a.rstd = new_tensor({v.rows}, x.options().dtype(at::kFloat));
+        if (layer) a.mean = new_tensor({v.rows}, x.options().dtype(at::kFloat));
     }
     return a;
 }
@@ -883,7 +893,7 @@ NormArgs norm_args(const char *op, const View2D &v, const at::Tensor &x, const c
 // What the op returns for the statistics: the ones it computed, or nothing when given.
 std::tuple<at::Tensor, at::Tensor> stats_out(const NormArgs &a, const at::Tensor &x)
 {
-    auto none = [&] { return at::empty({0}, x.options().dtype(at::kFloat)); }; // distinct tensors: outputs never alias
+    auto none = [&] { return new_tensor({0}, x.options().dtype(at::kFloat)); }; // distinct tensors: outputs never alias
     if (a.given) return {none(), none()};
     return {a.mean.defined() ? a.mean : none(), a.rstd};
 }
@@ -933,7 +943,7 @@ norm_delayed_cast_cpu(const at::Tensor &x, const c10::optional<at::Tensor> &gamm
     NormArgs a = norm_args(op, v, x, gamma, beta, kind, eps, zero_centered_gamma, mean, rstd);
     FusedPrep f = prepare_fused(op, x, x.sizes().vec(), v.rows, v.cols, fp8_dtype, FP8MIX_GRAN_TENSOR, c10::nullopt,
                                 margin, pow2, 0.0, true, transpose, inf_to_nan, rng, rng_skip, hp_out);
-    at::Tensor scales = at::empty({2}, x.options().dtype(at::kFloat));
+    at::Tensor scales = new_tensor({2}, x.options().dtype(at::kFloat));
     sync_threads();
     check_status(fp8mix_norm_cast_delayed(v.t.data_ptr(), xt, v.rows, v.cols, v.ld, &a.np, ptr_or_null(a.mean),
                                           ptr_or_null(a.rstd), a.given ? 1 : 0, &f.out, &d.st, role, &d.r, fa,
@@ -994,7 +1004,7 @@ act_delayed_cast_cpu(const at::Tensor &h, int64_t act, const at::Tensor &hist, c
     auto sizes = act_sizes(op, h, v, act, &cols);
     FusedPrep f = prepare_fused(op, h, sizes, v.rows, cols, fp8_dtype, FP8MIX_GRAN_TENSOR, c10::nullopt, margin, pow2,
                                 0.0, true, transpose, inf_to_nan, rng, rng_skip, hp_out);
-    at::Tensor scales = at::empty({2}, h.options().dtype(at::kFloat));
+    at::Tensor scales = new_tensor({2}, h.options().dtype(at::kFloat));
     sync_threads();
     check_status(fp8mix_act_cast_delayed(v.t.data_ptr(), ht, v.rows, v.cols, v.ld, (fp8mix_act_kind)act, &f.out,
                                          &d.st, role, &d.r, fa, record ? 1 : 0, &f.o, scales.data_ptr<float>()),
@@ -1087,7 +1097,7 @@ const int64_t *cuda_rng(const c10::optional<at::Tensor> &rng, int64_t skip, cons
 // Scratch of one recipe cast (fp8mix_cuda_recipe_work_bytes), from torch's caching allocator.
 at::Tensor recipe_work(const at::Tensor &like)
 {
-    return at::empty({(int64_t)fp8mix_cuda_recipe_work_bytes()}, like.options().dtype(at::kByte));
+    return new_tensor({(int64_t)fp8mix_cuda_recipe_work_bytes()}, like.options().dtype(at::kByte));
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> cast_cuda(const at::Tensor &x, const at::Tensor &scale,
@@ -1104,7 +1114,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cast_cuda(const at::Tensor &x, co
     const int64_t *rp = cuda_rng(rng, rng_skip, x.device(), op);
     const View2D &v = c.v;
     at::Tensor s = scale_arg(scale, scale_count(c.g, v.rows, v.cols), x.device(), op, "scale");
-    at::Tensor amax = at::empty({}, x.options().dtype(at::kFloat));
+    at::Tensor amax = new_tensor({}, x.options().dtype(at::kFloat));
     DeviceFlag flag(x);
     check_cuda_status(fp8mix_cuda_cast(v.t.data_ptr(), c.xt, v.rows, v.cols, v.ld, c.g, s.data_ptr<float>(),
                                        c.q_ptr(), ld_of(v.cols), c.qt_ptr(), ld_of(v.rows), amax.data_ptr<float>(),
@@ -1129,8 +1139,8 @@ quantize_current_cuda(const at::Tensor &x, at::ScalarType fp8_dtype, int64_t gra
     const View2D &v = c.v;
     auto sshape = scale_shape(x, c.g, v.rows, v.cols);
     // Every entry is written by the kernels (n > 0), so no fill is needed.
-    at::Tensor sinv = at::empty(sshape, x.options().dtype(at::kFloat));
-    at::Tensor amax = at::empty(sshape, x.options().dtype(at::kFloat));
+    at::Tensor sinv = new_tensor(sshape, x.options().dtype(at::kFloat));
+    at::Tensor amax = new_tensor(sshape, x.options().dtype(at::kFloat));
     if (scale_count(c.g, v.rows, v.cols) == 0) return {c.q, c.qt, sinv, amax};
     at::Tensor work = c.g == FP8MIX_GRAN_TENSOR ? recipe_work(x) : at::Tensor();
     check_cuda_status(fp8mix_cuda_quantize_current(v.t.data_ptr(), c.xt, v.rows, v.cols, v.ld, c.g, (int)margin,
@@ -1150,7 +1160,7 @@ at::Tensor amax_cuda(const at::Tensor &x, int64_t gran)
     fp8mix_dtype xt = hp_dtype(x, op, "x");
     fp8mix_granularity g = granularity(gran, op);
     View2D v = view2d(x);
-    at::Tensor out = at::empty(scale_shape(x, g, v.rows, v.cols), x.options().dtype(at::kFloat));
+    at::Tensor out = new_tensor(scale_shape(x, g, v.rows, v.cols), x.options().dtype(at::kFloat));
     if (out.numel() == 0) return out;
     check_cuda_status(fp8mix_cuda_amax(v.t.data_ptr(), xt, v.rows, v.cols, v.ld, g, out.data_ptr<float>(),
                                        cur_stream()),
@@ -1185,7 +1195,7 @@ at::Tensor dequantize_cuda(const at::Tensor &q, const at::Tensor &scale_inv, int
     fp8mix_granularity g = granularity(gran, op);
     View2D v = view2d(q);
     at::Tensor s = scale_arg(scale_inv, scale_count(g, v.rows, v.cols), q.device(), op, "scale_inv");
-    at::Tensor out = at::empty(q.sizes(), q.options().dtype(out_dtype));
+    at::Tensor out = new_tensor(q.sizes(), q.options().dtype(out_dtype));
     DeviceFlag flag(q);
     check_cuda_status(fp8mix_cuda_dequantize((const uint8_t *)v.t.data_ptr(), fmt, v.rows, v.cols, v.ld, g,
                                              s.data_ptr<float>(), out.data_ptr(), ot, ld_of(v.cols), flag.ptr(),
@@ -1241,7 +1251,7 @@ void scaled_mm_cuda_run(fp8mix_mm_problem &pr, const at::Tensor &a, const at::Te
         TORCH_WARN_ONCE("fp8mix.scaled_mm (CUDA): an operand is not K-contiguous (a must be row-major (M, K), b "
                         "column-major (K, N), e.g. w.t() of a row-major (N, K) weight), so it is transposed with a "
                         "copy for cuBLASLt. Pass the FP8 transpose (cast with transpose=True) to avoid the pass.");
-    at::Tensor scratch = at::empty({(int64_t)pl.scratch_bytes}, a.options().dtype(at::kByte));
+    at::Tensor scratch = new_tensor({(int64_t)pl.scratch_bytes}, a.options().dtype(at::kByte));
     fp8mix_cuda_scaled_mm_args x;
     std::memset(&x, 0, sizeof x);
     x.problem = &pr;
@@ -1297,7 +1307,7 @@ at::Tensor scaled_mm_cuda(const at::Tensor &a, const at::Tensor &b, const at::Te
         TORCH_CHECK_VALUE(bias_t.dim() == 1 && bias_t.size(0) == N, "fp8mix.scaled_mm: bias must have shape (", N,
                           "), got ", bias_t.sizes());
     }
-    at::Tensor out = at::empty({M, N}, a.options().dtype(odt));
+    at::Tensor out = new_tensor({M, N}, a.options().dtype(odt));
     if (M == 0 || N == 0) return out;
     if (K == 0) { // no products: bias (or +0), rounded once
         out.zero_();
@@ -1432,8 +1442,8 @@ delayed_cast_cuda(const at::Tensor &x, const at::Tensor &hist, const at::Tensor 
     const float *fa = scalar_on(fresh_amax, dev, op, "fresh_amax");
     CastPrep c = prepare_cast(op, x, fp8_dtype, FP8MIX_GRAN_TENSOR, true, false, 0, 0, true, transpose, inf_to_nan);
     const int64_t *rp = cuda_rng(rng, rng_skip, dev, op);
-    at::Tensor scales = at::empty({2}, x.options().dtype(at::kFloat));
-    at::Tensor amax = at::empty({}, x.options().dtype(at::kFloat));
+    at::Tensor scales = new_tensor({2}, x.options().dtype(at::kFloat));
+    at::Tensor amax = new_tensor({}, x.options().dtype(at::kFloat));
     at::Tensor work = recipe_work(x);
     DeviceFlag flag(x);
     const View2D &v = c.v;
@@ -1475,8 +1485,8 @@ delayed_flush_cuda(const at::Tensor &hist, const at::Tensor &scale, const at::Te
     state_tensor_on(next_slot, at::kLong, 0, dev, op, "next_slot");
     TORCH_CHECK_VALUE(pending.numel() >= 1, "fp8mix.", op, ": pending needs at least one slot");
     TORCH_CHECK_VALUE(record || !reserve, "fp8mix.", op, ": reserve needs record");
-    at::Tensor plan = at::empty({2}, hist.options());
-    at::Tensor slot = at::empty({}, steps.options()); // written by the kernel (0 when not reserving)
+    at::Tensor plan = new_tensor({2}, hist.options());
+    at::Tensor slot = new_tensor({}, steps.options()); // written by the kernel (0 when not reserving)
     check_cuda_status(fp8mix_cuda_delayed_flush(&d.st, role, fp8_format(fp8_dtype, op), &d.r,
                                                 pending.data_ptr<float>(), pending.numel(),
                                                 next_slot.data_ptr<int64_t>(), record ? 1 : 0, reserve ? 1 : 0,
@@ -1513,9 +1523,9 @@ grad_cast_cuda(const at::Tensor &dy, at::ScalarType fp8_dtype, const c10::option
     CastPrep c = prepare_cast(op, dy, fp8_dtype, FP8MIX_GRAN_TENSOR, true, false, 0, 0, true, transpose, inf_to_nan);
     const int64_t *rp = cuda_rng(rng, rng_skip, dev, op);
     const View2D &v = c.v;
-    at::Tensor sinv = at::empty({}, dy.options().dtype(at::kFloat));
-    at::Tensor amax = at::empty({}, dy.options().dtype(at::kFloat));
-    at::Tensor cs = at::empty({colsum ? v.cols : 0}, dy.options().dtype(at::kFloat));
+    at::Tensor sinv = new_tensor({}, dy.options().dtype(at::kFloat));
+    at::Tensor amax = new_tensor({}, dy.options().dtype(at::kFloat));
+    at::Tensor cs = new_tensor({colsum ? v.cols : 0}, dy.options().dtype(at::kFloat));
     at::Tensor work = recipe_work(dy);
     DeviceFlag flag(dy);
     check_cuda_status(fp8mix_cuda_cast_grad(v.t.data_ptr(), c.xt, v.rows, v.cols, v.ld, c.q_ptr(), ld_of(v.cols),
@@ -1544,8 +1554,8 @@ at::Tensor quant_stats_cuda(const at::Tensor &x, const at::Tensor &q, const at::
                       q.sizes());
     View2D vx = view2d(x), vq = view2d(q);
     at::Tensor s = scale_arg(scale_inv, scale_count(g, vx.rows, vx.cols), x.device(), op, "scale_inv");
-    at::Tensor out = at::empty({FP8MIX_STATS_N}, x.options().dtype(at::kDouble));
-    at::Tensor work = at::empty({(int64_t)fp8mix_cuda_quant_stats_work_bytes()}, x.options().dtype(at::kByte));
+    at::Tensor out = new_tensor({FP8MIX_STATS_N}, x.options().dtype(at::kDouble));
+    at::Tensor work = new_tensor({(int64_t)fp8mix_cuda_quant_stats_work_bytes()}, x.options().dtype(at::kByte));
     DeviceFlag flag(x);
     check_cuda_status(fp8mix_cuda_quant_stats(vx.t.data_ptr(), xt, vx.rows, vx.cols, vx.ld,
                                               (const uint8_t *)vq.t.data_ptr(), vq.ld, fmt, g, s.data_ptr<float>(),
@@ -1700,7 +1710,7 @@ namespace {
 
 at::Tensor scalar_copy(const at::Tensor &scales)
 {
-    at::Tensor s = at::empty({}, scales.options());
+    at::Tensor s = new_tensor({}, scales.options());
     *s.data_ptr<float>() = scales.data_ptr<float>()[1];
     return s;
 }
@@ -1764,7 +1774,7 @@ linear_backward_cpu(const at::Tensor &dy, const at::Tensor &w, const at::Tensor 
     auto gc = grad_cast_cpu(dy, fp8_dtype, plan, pending, slot, margin, pow2, eps, false, colsum, true, none, 0);
     const at::Tensor &gq = std::get<0>(gc), &g_sinv = std::get<2>(gc);
     const int64_t t = FP8MIX_MM_SCALE_TENSOR;
-    at::Tensor dx = at::empty({0}, dy.options().dtype(dx_dtype));
+    at::Tensor dx = new_tensor({0}, dy.options().dtype(dx_dtype));
     if (want_dx) {
         at::Tensor wq = w;
         if (recast) {
@@ -1776,7 +1786,7 @@ linear_backward_cpu(const at::Tensor &dy, const at::Tensor &w, const at::Tensor 
         dx = scaled_mm_cpu(gq, wq, g_sinv, w_sinv, none, dx_dtype, "fp32", 128, t, t);
     } // the re-cast W is freed here, before dW exists
     at::Tensor dw = want_dw ? scaled_mm_cpu(gq.t(), xq, g_sinv, x_sinv, none, dw_dtype, "fp32", 128, t, t)
-                            : at::empty({0}, dy.options().dtype(dw_dtype));
+                            : new_tensor({0}, dy.options().dtype(dw_dtype));
     return {dx, dw, std::get<4>(gc), gq, g_sinv};
 }
 
@@ -1845,9 +1855,65 @@ template <typename F> auto direct(const char *name, F &&body)
     return body();
 }
 
+// A Linear's forward GEMM after its one-op casts: y = (xq x_sinv) (wq w_sinv)^T + bias, W (N, K)
+// read through its transposed view, per-tensor scales (scaled_mm_cpu, as the separate op).
+at::Tensor linear_forward_gemm(const at::Tensor &xq, const at::Tensor &wq, const at::Tensor &x_sinv,
+                               const at::Tensor &w_sinv, const c10::optional<at::Tensor> &bias,
+                               at::ScalarType out_dtype)
+{
+    const int64_t t = FP8MIX_MM_SCALE_TENSOR;
+    return scaled_mm_cpu(xq, wq.t(), x_sinv, w_sinv, bias, out_dtype, "fp32", 128, t, t);
+}
+
 void add_direct_calls(PyObject *module)
 {
     auto m = pybind11::reinterpret_borrow<pybind11::module_>(module);
+    m.def(
+        "linear_delayed_forward",
+        [](const at::Tensor &x, const at::Tensor &w, const c10::optional<at::Tensor> &bias, at::ScalarType out_dtype,
+           const at::Tensor &hist, const at::Tensor &scale, const at::Tensor &steps, const at::Tensor &pending,
+           const at::Tensor &next_slot, int64_t gemm, int64_t history_len, at::ScalarType x_dtype,
+           at::ScalarType w_dtype, at::ScalarType grad_dtype, int64_t margin, bool pow2, const std::string &algo,
+           int64_t interval, bool record, bool reserve) {
+            HANDLE_TH_ERRORS
+            const char *op = "linear_delayed_forward";
+            for (const at::Tensor *t : {&x, &w, &hist, &scale, &steps, &pending, &next_slot}) check_plain(*t, op);
+            check_plain(bias, op);
+            return direct("fp8mix::linear_delayed_forward", [&] {
+                auto c = linear_delayed_casts_cpu(x, w, hist, scale, steps, pending, next_slot, gemm, history_len,
+                                                  x_dtype, w_dtype, grad_dtype, margin, pow2, algo, interval, record,
+                                                  reserve, false, true);
+                at::Tensor y = linear_forward_gemm(std::get<0>(c), std::get<4>(c), std::get<3>(c), std::get<7>(c),
+                                                   bias, out_dtype);
+                at::Tensor w_scale = new_tensor({1}, std::get<6>(c).options());
+                *w_scale.data_ptr<float>() = std::get<6>(c).data_ptr<float>()[0];
+                return std::make_tuple(y, std::get<0>(c), std::get<2>(c), std::get<3>(c), std::get<4>(c),
+                                       std::get<6>(c), std::get<7>(c), std::get<8>(c), std::get<9>(c), w_scale);
+            });
+            END_HANDLE_TH_ERRORS_PYBIND
+        },
+        "linear_delayed_casts (transpose False, inf_to_nan True), then the forward GEMM with bias, in one call: "
+        "(y, xq, x_scales, x_scale_inv, wq, w_scales, w_scale_inv, grad_plan, grad_slot, w_scale)");
+    m.def(
+        "linear_current_forward",
+        [](const at::Tensor &x, const at::Tensor &w, const c10::optional<at::Tensor> &bias, at::ScalarType out_dtype,
+           at::ScalarType x_dtype, at::ScalarType w_dtype, int64_t margin, bool pow2, double eps) {
+            HANDLE_TH_ERRORS
+            const char *op = "linear_current_forward";
+            check_plain(x, op);
+            check_plain(w, op);
+            check_plain(bias, op);
+            return direct("fp8mix::linear_current_forward", [&] {
+                auto c = linear_current_casts_cpu(x, w, x_dtype, w_dtype, margin, pow2, eps, false, true);
+                at::Tensor y = linear_forward_gemm(std::get<0>(c), std::get<4>(c), std::get<2>(c), std::get<6>(c),
+                                                   bias, out_dtype);
+                return std::make_tuple(y, std::get<0>(c), std::get<2>(c), std::get<4>(c), std::get<6>(c),
+                                       std::get<7>(c));
+            });
+            END_HANDLE_TH_ERRORS_PYBIND
+        },
+        "linear_current_casts (transpose False, inf_to_nan True), then the forward GEMM with bias, in one call: "
+        "(y, xq, x_scale_inv, wq, w_scale_inv, w_amax)");
     m.def(
         "linear_delayed_casts",
         [](const at::Tensor &x, const at::Tensor &w, const at::Tensor &hist, const at::Tensor &scale,

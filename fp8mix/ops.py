@@ -23,7 +23,8 @@ __all__ = ["cast", "quantize_current", "quantize_mx", "amax", "compute_scale", "
            "delayed_cast", "delayed_record", "delayed_rescale", "delayed_flush", "grad_cast", "DelayedSpec",
            "MmScale", "cpu_isa", "set_max_isa", "scale_shape", "has_kernels", "NormKind", "Act", "norm_cast",
            "norm_delayed_cast", "act_cast", "act_delayed_cast", "linear_delayed_casts", "linear_current_casts",
-           "linear_backward", "direct_ok"]
+           "linear_backward", "direct_ok", "linear_delayed_forward",
+           "linear_current_forward"]
 
 
 class MmScale(enum.IntEnum):
@@ -243,6 +244,28 @@ def linear_current_casts(x: torch.Tensor, w: torch.Tensor, *, x_dtype: torch.dty
     see :func:`direct_ok`."""
     op = _C.linear_current_casts if direct else _ops.linear_current_casts
     return op(x, w, x_dtype, w_dtype, margin, power_2_scale, amax_epsilon, transpose, inf_to_nan)
+
+
+def linear_delayed_forward(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], history: torch.Tensor,
+                           scale: torch.Tensor, steps: torch.Tensor, pending: torch.Tensor, next_slot: torch.Tensor, *,
+                           out_dtype: torch.dtype, gemm: int, x_dtype: torch.dtype, w_dtype: torch.dtype,
+                           grad_dtype: torch.dtype, spec: DelayedSpec, record: bool, reserve: bool):
+    """A Linear's forward (W as (N, K)) in one direct call (CPU, eager: :func:`direct_ok`):
+    :func:`linear_delayed_casts` (no transpose, inf to NaN), then ``scaled_mm(xq, wq.t(),
+    x_scale_inv, w_scale_inv, bias=bias, out_dtype=out_dtype)``; the same results as those
+    ops. Returns (y, xq, x_scales, x_scale_inv, wq, w_scales, w_scale_inv, grad_plan,
+    grad_slot, w_scale): w_scale is w_scales[0] as its own one-element tensor."""
+    return _C.linear_delayed_forward(x, w, bias, out_dtype, history, scale, steps, pending, next_slot, gemm,
+                                     spec.history_len, x_dtype, w_dtype, grad_dtype, spec.margin, spec.power_2_scale,
+                                     spec.algo, spec.interval, record, reserve)
+
+
+def linear_current_forward(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], *, out_dtype: torch.dtype,
+                           x_dtype: torch.dtype, w_dtype: torch.dtype, margin: int = 0, power_2_scale: bool = False,
+                           amax_epsilon: float = 0.0):
+    """:func:`linear_delayed_forward` for current scaling (:func:`linear_current_casts`):
+    (y, xq, x_scale_inv, wq, w_scale_inv, w_amax)."""
+    return _C.linear_current_forward(x, w, bias, out_dtype, x_dtype, w_dtype, margin, power_2_scale, amax_epsilon)
 
 
 def linear_backward(dy: torch.Tensor, wq: torch.Tensor, w_scale_inv: torch.Tensor, xq: torch.Tensor,

@@ -34,7 +34,8 @@ from ..ops import DelayedSpec
 from ..recipe import ROLES
 
 __all__ = ["Plan", "forward_casts", "cast_input", "cast_weight", "recast_weight", "input_layout", "grad_casts",
-           "delayed_spec", "all_reduce_max", "RecipeConsts", "recipe_consts", "grad_state"]
+           "delayed_spec", "all_reduce_max", "RecipeConsts", "recipe_consts", "grad_state", "one_op_casts",
+           "one_op_forward"]
 
 _IN, _W, _G = 0, 1, 2
 TN_ON_CPU = False  # tests: run the CPU through the tensor-core operand layouts
@@ -286,6 +287,34 @@ def one_op_casts(m, x2: torch.Tensor, w: torch.Tensor, plan: Plan, wants_grad: b
     elif _recasts(m, w, plan):
         plan.w_recast = ("scale", plan.w_scales[0:1]) if c.delayed else ("amax", w_amax)
     return xq, x_sinv, x_save, x_save_sinv, wq, wqt, w_sinv
+
+
+def one_op_forward(m, x2: torch.Tensor, w: torch.Tensor, bias, plan: Plan, wants_grad: bool, is_first_microbatch):
+    """:func:`one_op_casts` and the forward GEMM (y = x W^T + bias) in one direct call, for a
+    Linear-shaped plan (out_in, no tensor-core layout) with ``plan.one_op``: (y, xq, x_sinv,
+    wq, w_sinv), with the plan and the weight cache left as one_op_casts leaves them."""
+    c, g = plan.consts, plan.gemm
+    if c.delayed:
+        b = m._buffers
+        pending, slot = grad_state(m, g, eager=True)
+        (y, xq, plan.x_scales, x_sinv, wq, plan.w_scales, w_sinv, plan.g_plan, plan.g_slot,
+         w_scale) = ops.linear_delayed_forward(
+            x2, w, bias, b["fp8_amax_history"], b["fp8_scale"], b["fp8_steps"], pending, slot,
+            out_dtype=plan.out_dtype, gemm=g, x_dtype=fmt_dtype(plan, _IN), w_dtype=fmt_dtype(plan, _W),
+            grad_dtype=fmt_dtype(plan, _G), spec=c.spec, record=plan.record, reserve=plan.record and wants_grad)
+        plan.grad_fresh = m._maybe_fresh[3 * g + 2]
+        recast = ("scale", w_scale)
+    else:
+        r = plan.recipe
+        y, xq, x_sinv, wq, w_sinv, w_amax = ops.linear_current_forward(
+            x2, w, bias, out_dtype=plan.out_dtype, x_dtype=fmt_dtype(plan, _IN), w_dtype=fmt_dtype(plan, _W),
+            margin=r.margin, power_2_scale=r.power_2_scale, amax_epsilon=c.eps)
+        recast = ("amax", w_amax)
+    if is_first_microbatch:
+        m._wcache[g] = (_weight_key(m, w, plan), wq, None, w_sinv)
+    elif _recasts(m, w, plan):
+        plan.w_recast = recast
+    return y, xq, x_sinv, wq, w_sinv
 
 
 def forward_casts(m, x2: torch.Tensor, w: torch.Tensor, plan: Plan, replay, is_first_microbatch):

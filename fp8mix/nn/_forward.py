@@ -192,6 +192,13 @@ def fp8_forward(m, x: torch.Tensor, weight: torch.Tensor, bias, *, layout: str, 
             m._replay[gemm].push(plan)
         y2 = axis_forward(m, x2, weight, bias, plan, is_first_microbatch, wants_grad)
         return y2 if x2 is x else y2.reshape(*x.shape[:-1], out_features)
+    if plan.one_op and plan.layout == "out_in" and not plan.tn and plan.monitor is None:
+        # a Linear's casts and forward GEMM in one call, inside the autograd function
+        if plan.record and wants_grad and not recompute and eager and under_saved_tensor_hooks(eager=True):
+            m._replay[gemm].push(plan)  # a checkpoint may recompute this forward: it will repeat this plan
+        pending = m._buffers["fp8_grad_pending"] if (plan.record and plan.consts.delayed) else None
+        y2 = FP8LinearFunction.apply(x2, weight, bias, (None, wants_grad, is_first_microbatch, pending), plan)
+        return y2 if x2 is x else y2.reshape(*x.shape[:-1], out_features)
     if plan.one_op:  # one op on detached tensors: nothing to keep out of autograd, no no_grad() needed
         xq, x_sinv, x_save, x_save_sinv, wq, wqt, w_sinv = _casts.one_op_casts(
             m, x2.detach(), weight.detach(), plan, wants_grad, is_first_microbatch)

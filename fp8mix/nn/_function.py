@@ -21,7 +21,7 @@ import torch
 
 from .. import ops
 from ..formats import Granularity
-from ._casts import _W, Plan, block_wgrad_cast, fmt_dtype, grad_casts, grad_operands, recast_weight
+from ._casts import _W, Plan, block_wgrad_cast, fmt_dtype, grad_casts, grad_operands, one_op_forward, recast_weight
 from .observe import observe_grad
 
 __all__ = ["FP8LinearFunction"]
@@ -50,11 +50,19 @@ class FP8LinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x2, weight, bias, fp8: tuple, plan: Plan):
         # fp8: the FP8 operands and state (none of them requires grad) as one argument, not
-        # eleven: autograd.Function.apply's cost grows with its argument count
-        xq, x_sinv, x_save, x_save_sinv, wq, wqt, w_sinv, g_plan, g_slot, pending, rng = fp8
-        b, sb = _weight_operand(wq, wqt, w_sinv, plan, dgrad=False)
-        y = ops.scaled_mm(xq, b, x_sinv, sb, bias=bias, out_dtype=plan.out_dtype, scale_kinds=plan.consts.kinds,
-                          direct=plan.one_op)
+        # eleven: autograd.Function.apply's cost grows with its argument count. Or, for a
+        # Linear's one-op plan, (None, wants_grad, is_first_microbatch, pending): the casts
+        # run here, with the GEMM, in one call (one_op_forward)
+        if fp8[0] is None:
+            _, wants_grad, first, pending = fp8
+            y, xq, x_sinv, wq, w_sinv = one_op_forward(plan.module, x2, weight, bias, plan, wants_grad, first)
+            x_save = x_save_sinv = wqt = rng = None
+            g_plan, g_slot = plan.g_plan, plan.g_slot
+        else:
+            xq, x_sinv, x_save, x_save_sinv, wq, wqt, w_sinv, g_plan, g_slot, pending, rng = fp8
+            b, sb = _weight_operand(wq, wqt, w_sinv, plan, dgrad=False)
+            y = ops.scaled_mm(xq, b, x_sinv, sb, bias=bias, out_dtype=plan.out_dtype, scale_kinds=plan.consts.kinds,
+                              direct=plan.one_op)
         if x_save is None:  # per-tensor recipes keep the forward's FP8 x itself (in_out: as x^T, a view)
             x_save, x_save_sinv = (xq.t() if plan.layout == "in_out" else xq), x_sinv
         if plan.w_recast is not None:  # backward casts W again: keep the weight, not its FP8 copy
@@ -118,15 +126,16 @@ def _one_op_backward(ctx, plan: Plan, dy2, x_save, x_sinv, wq, w_sinv, g_plan, g
     fdt, gp, pending, slot = grad_operands(plan.module, plan, g_plan, g_slot, ctx.pending, eager=eager)
     r, c = plan.recipe, plan.consts
     recast = {}
+    direct = ops.direct_ok()
     if plan.w_recast is not None:  # wq is the weight: the op casts it again and frees it before dW
         kind, v = plan.w_recast
         recast = {"w_scale" if kind == "scale" else "w_amax": v, "w_fp8_dtype": fmt_dtype(plan, _W)}
-        wq = wq.detach()
+        if not direct:  # (torch.ops' autograd fallback would see the Parameter; the direct call reads its data)
+            wq = wq.detach()
     dx, dw, db, gq, g_sinv = ops.linear_backward(
         dy2, wq, w_sinv, x_save, x_sinv, fp8_dtype=fdt, plan=gp, pending=pending, slot=slot, margin=r.margin,
         power_2_scale=r.power_2_scale, amax_epsilon=c.eps, colsum=want_db, want_dx=ctx.needs_input_grad[0],
-        want_dw=ctx.needs_input_grad[1], dx_dtype=ctx.x_dtype, dw_dtype=ctx.w_dtype, direct=ops.direct_ok(),
-        **recast)
+        want_dw=ctx.needs_input_grad[1], dx_dtype=ctx.x_dtype, dw_dtype=ctx.w_dtype, direct=direct, **recast)
     if plan.record:
         observe_grad(plan, dy2, gq, g_sinv, Granularity.TENSOR)
     db = db if want_db else None

@@ -186,7 +186,8 @@ class _Count:
 
     def __enter__(self):
         for name in ("linear_delayed_casts", "linear_current_casts", "linear_backward", "scaled_mm", "grad_cast",
-                     "delayed_cast", "delayed_flush", "quantize_current"):
+                     "delayed_cast", "delayed_flush", "quantize_current", "linear_delayed_forward",
+                     "linear_current_forward"):
             self._orig[name] = getattr(ops, name)
             setattr(ops, name, self._counting(name, self._orig[name]))
         return self
@@ -194,7 +195,7 @@ class _Count:
     def _counting(self, name, f):
         def call(*args, **kwargs):
             self.names.append(name)
-            if kwargs.get("direct"):
+            if kwargs.get("direct") or name.endswith("_forward"):  # (the *_forward calls are always direct)
                 self.direct.append(name)
             return f(*args, **kwargs)
         return call
@@ -239,11 +240,11 @@ def _train(recipe, *, one_op: bool, steps=4):
 def test_linear_through_one_op_equals_the_separate_ops(recipe_cls):
     out_a, state_a, names_a, direct_a = _train(recipe_cls(), one_op=True)
     out_b, state_b, names_b, direct_b = _train(recipe_cls(), one_op=False)
-    merged = "linear_delayed_casts" if recipe_cls is DelayedScaling else "linear_current_casts"
+    merged = "linear_delayed_forward" if recipe_cls is DelayedScaling else "linear_current_forward"
     assert merged in names_a and merged not in names_b
-    assert direct_a == [merged, "scaled_mm", "linear_backward"] and not direct_b  # fp8mix._C, not torch.ops
+    assert direct_a == [merged, "linear_backward"] and not direct_b  # fp8mix._C, not torch.ops
     assert "linear_backward" in names_a and "linear_backward" not in names_b
-    assert names_a.count("scaled_mm") == 1 and names_b.count("scaled_mm") == 3  # dgrad, wgrad in linear_backward
+    assert names_a.count("scaled_mm") == 0 and names_b.count("scaled_mm") == 3  # in the forward / backward calls
     casts = [n for n in names_a if n.startswith(("delayed", "quantize", "linear_", "grad"))]
     assert casts == [merged, "linear_backward"]
     for i, (a, b) in enumerate(zip(out_a, out_b)):
@@ -337,5 +338,37 @@ def test_the_profiler_sees_the_direct_calls_by_name():
             y = lin(x)
         y.sum().backward()
     names = [e.name for e in prof.events()]
-    for op in ("fp8mix::linear_delayed_casts", "fp8mix::scaled_mm", "fp8mix::linear_backward"):
+    for op in ("fp8mix::linear_delayed_forward", "fp8mix::linear_backward"):
         assert names.count(op) == 1, (op, sorted(set(n for n in names if "fp8mix" in n)))
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_linear_forward_calls_equal_the_casts_then_scaled_mm(out_dtype, with_bias):
+    """linear_delayed_forward / linear_current_forward: the one-op casts, then the forward
+    GEMM, in one direct call; the same bits (and FP8 state) as the two ops, and y close to
+    float64 math on the same FP8 values."""
+    torch.manual_seed(11)
+    x, w = torch.randn(35, 64) * 4, torch.randn(24, 64) * 0.2
+    x[1, 2] = float("inf")
+    bias = torch.randn(24) if with_bias else None
+    k = (ops.MmScale.TENSOR, ops.MmScale.TENSOR)
+    spec = ops.DelayedSpec(history_len=16)
+    a, b = _state(), _state()
+    got = ops.linear_delayed_forward(x, w, bias, *a, out_dtype=out_dtype, gemm=0, x_dtype=E4, w_dtype=E4,
+                                     grad_dtype=E5, spec=spec, record=True, reserve=True)
+    c = ops.linear_delayed_casts(x, w, *b, gemm=0, x_dtype=E4, w_dtype=E4, grad_dtype=E5, spec=spec, record=True,
+                                 reserve=True)
+    y = ops.scaled_mm(c[0], c[4].t(), c[3], c[7], bias=bias, out_dtype=out_dtype, scale_kinds=k)
+    _same(got, (y, c[0], c[2], c[3], c[4], c[6], c[7], c[8], c[9], c[6][0:1]))
+    for sa, sb in zip(a, b):
+        assert torch.equal(sa, sb)
+    ok = torch.isfinite(y.float()).all(1)  # the inf row is NaN in both
+    ref = (c[0].double() * c[3].double()) @ (c[4].double() * c[7].double()).t() + (0 if bias is None else bias.double())
+    torch.testing.assert_close(got[0][ok].double(), ref[ok], rtol=1e-2 if out_dtype == torch.bfloat16 else 1e-5,
+                               atol=1e-5)
+    assert got[0][1].isnan().all() and not ok[1]
+    got = ops.linear_current_forward(x, w, bias, out_dtype=out_dtype, x_dtype=E4, w_dtype=E5, margin=1)
+    c = ops.linear_current_casts(x, w, x_dtype=E4, w_dtype=E5, margin=1)
+    y = ops.scaled_mm(c[0], c[4].t(), c[2], c[6], bias=bias, out_dtype=out_dtype, scale_kinds=k)
+    _same(got, (y, c[0], c[2], c[4], c[6], c[7]))
