@@ -420,7 +420,7 @@ def _recasts(m, w: torch.Tensor, plan: Plan) -> bool:
     # catches an AttributeError, a few microseconds per call)
     choice = m.__dict__.get("fp8_recast_weight", getattr(type(m), "fp8_recast_weight", None))
     if choice is None:
-        choice = w.device.type == "cpu"
+        choice = w.is_cpu
     return bool(choice) and plan.consts.w_recastable
 
 

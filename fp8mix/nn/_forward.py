@@ -21,7 +21,7 @@ from ..formats import Granularity, fp8_dtype
 from . import _casts
 from ._axis import axis_forward
 from ._casts import Plan, all_reduce_max, cast_input, cast_weight, delayed_spec, input_layout, python_algo_scale
-from ._function import FP8LinearFunction
+from ._function import FP8LinearFunction, apply_direct
 from .observe import auto_forward, monitor_forward
 from .recompute import in_recompute, under_saved_tensor_hooks
 
@@ -29,18 +29,19 @@ __all__ = ["fp8_forward", "reduce_group", "hp_out_dtype"]
 
 log = logging.getLogger("fp8mix")
 _HP = (torch.float32, torch.bfloat16, torch.float16)
+_DIST = torch.distributed.is_available()  # (a build property: asked once)
 
 
 def hp_out_dtype(x: torch.Tensor, module_dtype: torch.dtype) -> torch.dtype:
-    dev = x.device.type
-    if dev in ("cpu", "cuda") and torch.is_autocast_enabled(dev):
+    dev = "cpu" if x.is_cpu else "cuda" if x.is_cuda else None  # (x.device builds an object per call)
+    if dev is not None and torch.is_autocast_enabled(dev):
         return torch.get_autocast_dtype(dev)
     return module_dtype
 
 
 def reduce_group(group):
     """The process group amaxes are all-reduced over, or None when there is nothing to reduce."""
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+    if not (_DIST and torch.distributed.is_initialized()):
         return None
     if group is None:
         group = torch.distributed.group.WORLD
@@ -197,7 +198,7 @@ def fp8_forward(m, x: torch.Tensor, weight: torch.Tensor, bias, *, layout: str, 
         if plan.record and wants_grad and not recompute and eager and under_saved_tensor_hooks(eager=True):
             m._replay[gemm].push(plan)  # a checkpoint may recompute this forward: it will repeat this plan
         pending = m._buffers["fp8_grad_pending"] if (plan.record and plan.consts.delayed) else None
-        y2 = FP8LinearFunction.apply(x2, weight, bias, (None, wants_grad, is_first_microbatch, pending), plan)
+        y2 = apply_direct(x2, weight, bias, (None, wants_grad, is_first_microbatch, pending), plan)
         return y2 if x2 is x else y2.reshape(*x.shape[:-1], out_features)
     if plan.one_op:  # one op on detached tensors: nothing to keep out of autograd, no no_grad() needed
         xq, x_sinv, x_save, x_save_sinv, wq, wqt, w_sinv = _casts.one_op_casts(
@@ -251,7 +252,7 @@ def _make_plan(m, x2, weight, frame, replay, recompute: bool, layout: str, is_fi
         fmts = [m._fmt(recipe, 3 * gemm + r) for r in range(3)]
     plan = Plan(recipe, group, out_dtype, fmts, record, layout, gemm, consts=consts, dtypes=dtypes, eager=eager)
     plan.module, plan.auto_use = m, auto_use
-    plan.tn = x2.device.type == "cuda" or _casts.TN_ON_CPU
+    plan.tn = x2.is_cuda or _casts.TN_ON_CPU
     if replay is not None:
         plan.rng, plan.skips = replay.rng, replay.skips
         plan.g_plan, plan.g_slot, plan.grad_fresh = replay.g_plan, replay.g_slot, replay.grad_fresh
