@@ -19,8 +19,10 @@ activation checkpointing, for the recompute, which repeats it (``replay``).
 Per-layer overhead (a small layer's step is mostly Python and op dispatch): what a call
 asks of its recipe is derived once per recipe object (:class:`RecipeConsts`), and in eager
 mode on the CPU the common case (per-tensor scaling rounded to nearest, no process group,
-no replay) runs x's and W's casts as one op (:func:`one_op_casts`) and its backward as
-one op (fp8mix.nn._function), the same kernels in the same order as the separate ops.
+no replay) runs x's and W's casts as one op (:func:`one_op_casts`; for a Linear, with the
+forward GEMM: :func:`one_op_forward`) and its backward as one op (fp8mix.nn._function),
+the same kernels in the same order as the separate ops, called directly (fp8mix._C, not
+torch.ops: ``ops.direct_ok``).
 """
 from __future__ import annotations
 
