@@ -132,17 +132,84 @@ void fp8mix_gemm_ukernel_f32_6x16__avx2(int64_t kc, const void *ap, const void *
     ukernel_6x16(kc, ap, bp, c, ldc, load_c, rs, NULL, NULL);
 }
 
+/* One row's block epilogue in assembly: C[r] = C[r] + part * rs[r] (mul, then add with
+ * C as the first operand, as the C version's _mm256_add_ps(o, mul)), then the part
+ * cleared for the next block.  ROW is C's row address, RS the byte offset of rs[r]. */
+#define BLOCK_ROW_ASM(r, ROW, RS)                              \
+    "vbroadcastss " STR(RS) "(%[rs]), %%ymm15\n\t"              \
+    "vmulps %[c" #r "0], %%ymm15, %%ymm13\n\t"                  \
+    "vmulps %[c" #r "1], %%ymm15, %%ymm14\n\t"                  \
+    "vmovups " ROW ", %%ymm12\n\t"                              \
+    "vaddps %%ymm13, %%ymm12, %%ymm13\n\t"                       \
+    "vmovups %%ymm13, " ROW "\n\t"                              \
+    "vmovups 32" ROW ", %%ymm12\n\t"                            \
+    "vaddps %%ymm14, %%ymm12, %%ymm14\n\t"                       \
+    "vmovups %%ymm14, 32" ROW "\n\t"                            \
+    "vxorps %[c" #r "0], %[c" #r "0], %[c" #r "0]\n\t"           \
+    "vxorps %[c" #r "1], %[c" #r "1], %[c" #r "1]\n\t"
+
+/* nblk whole 128-deep blocks added into C (which holds earlier sums): the block loop,
+ * its k-loop and the per-block epilogue in one assembly loop, so that a block's end
+ * costs no call, no reload of the kernel's state and no separate loop (+2-3% over
+ * calling ukernel_6x16 per block; the same operations in the same order). */
+static void blocks_6x16_asm(int64_t nblk, const float *a, const float *b, float *c, int64_t ldc, const float *rs)
+{
+    __m256 c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51; /* (asm outputs: cleared first) */
+    const int64_t ldb = ldc * (int64_t)sizeof(float);
+    float *c3 = c + 3 * ldc;
+    int64_t n;
+    __asm__ volatile(
+        "vxorps %[c00], %[c00], %[c00]\n\t" "vxorps %[c01], %[c01], %[c01]\n\t"
+        "vxorps %[c10], %[c10], %[c10]\n\t" "vxorps %[c11], %[c11], %[c11]\n\t"
+        "vxorps %[c20], %[c20], %[c20]\n\t" "vxorps %[c21], %[c21], %[c21]\n\t"
+        "vxorps %[c30], %[c30], %[c30]\n\t" "vxorps %[c31], %[c31], %[c31]\n\t"
+        "vxorps %[c40], %[c40], %[c40]\n\t" "vxorps %[c41], %[c41], %[c41]\n\t"
+        "vxorps %[c50], %[c50], %[c50]\n\t" "vxorps %[c51], %[c51], %[c51]\n\t"
+        "2:\n\t"
+        "movq $32, %[n]\n\t"
+        "1:\n\t"
+        KSTEP_ASM(0, 32, 0, 4, 8, 12, 16, 20)
+        KSTEP_ASM(64, 96, 24, 28, 32, 36, 40, 44)
+        KSTEP_ASM(128, 160, 48, 52, 56, 60, 64, 68)
+        KSTEP_ASM(192, 224, 72, 76, 80, 84, 88, 92)
+        "addq $96, %[a]\n\t"
+        "addq $256, %[b]\n\t"
+        "decq %[n]\n\t"
+        "jnz 1b\n\t"
+        BLOCK_ROW_ASM(0, "(%[c])", 0)
+        BLOCK_ROW_ASM(1, "(%[c],%[ldb],1)", 4)
+        BLOCK_ROW_ASM(2, "(%[c],%[ldb],2)", 8)
+        BLOCK_ROW_ASM(3, "(%[c3])", 12)
+        BLOCK_ROW_ASM(4, "(%[c3],%[ldb],1)", 16)
+        BLOCK_ROW_ASM(5, "(%[c3],%[ldb],2)", 20)
+        "addq $24, %[rs]\n\t"
+        "decq %[nblk]\n\t"
+        "jnz 2b\n\t"
+        : [a] "+r"(a), [b] "+r"(b), [rs] "+r"(rs), [nblk] "+r"(nblk), [n] "=&r"(n),
+          [c00] "=&x"(c00), [c01] "=&x"(c01), [c10] "=&x"(c10), [c11] "=&x"(c11),
+          [c20] "=&x"(c20), [c21] "=&x"(c21), [c30] "=&x"(c30), [c31] "=&x"(c31),
+          [c40] "=&x"(c40), [c41] "=&x"(c41), [c50] "=&x"(c50), [c51] "=&x"(c51)
+        : [c] "r"(c), [c3] "r"(c3), [ldb] "r"(ldb)
+        : "xmm12", "xmm13", "xmm14", "xmm15", "cc", "memory");
+}
+
 /* Block scales over a whole K step: the per-block calls inlined in one loop (one call
- * and one prefetch per tile instead of one per 128-deep block: +4% at 1024^3). */
+ * and one prefetch per tile instead of one per 128-deep block: +4% at 1024^3); whole
+ * blocks that add into C run as one assembly loop (blocks_6x16_asm). */
 void fp8mix_gemm_ukernel_blocks_f32_6x16__avx2(int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc,
                                                int load_c, const float *rs)
 {
     const float *a = (const float *)ap, *b = (const float *)bp;
     prefetch_next_tile(c, ldc);
-    for (int64_t q = 0; q * 128 < kc; q++) {
-        int64_t kk = kc - q * 128 < 128 ? kc - q * 128 : 128;
-        ukernel_6x16(kk + (kk & 1), a + q * 128 * 6, b + q * 128 * 16, c, ldc, load_c || q > 0, rs + q * 6, NULL,
-                     NULL);
+    if (!load_c) { /* the first block starts from C = +0: the same sums as C = +0 + part * rs */
+        const __m256 z = _mm256_setzero_ps();
+        for (int r = 0; r < 6; r++) _mm256_storeu_ps(c + r * ldc, z), _mm256_storeu_ps(c + r * ldc + 8, z);
+    }
+    int64_t q0 = kc / 128; /* whole blocks, then a partial one */
+    if (q0 > 0) blocks_6x16_asm(q0, a, b, c, ldc, rs);
+    for (int64_t q = q0; q * 128 < kc; q++) {
+        int64_t kk = kc - q * 128;
+        ukernel_6x16(kk + (kk & 1), a + q * 128 * 6, b + q * 128 * 16, c, ldc, 1, rs + q * 6, NULL, NULL);
     }
 }
 
