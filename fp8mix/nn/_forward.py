@@ -30,6 +30,7 @@ __all__ = ["fp8_forward", "reduce_group", "hp_out_dtype"]
 log = logging.getLogger("fp8mix")
 _HP = (torch.float32, torch.bfloat16, torch.float16)
 _DIST = torch.distributed.is_available()  # (a build property: asked once)
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 def hp_out_dtype(x: torch.Tensor, module_dtype: torch.dtype) -> torch.dtype:
@@ -183,7 +184,10 @@ def fp8_forward(m, x: torch.Tensor, weight: torch.Tensor, bias, *, layout: str, 
         return hp_forward(x)
     x2 = x if x.dim() == 2 else x.reshape(-1, in_features)
     wants_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
-    one_op_ok = input_cast is None and is_first_microbatch is not False and x2.is_cpu
+    # (tensor subclasses — DTensor, wrapper subclasses — dispatch through torch.ops as before:
+    # the one-op path calls the ops directly)
+    one_op_ok = (input_cast is None and is_first_microbatch is not False and x2.is_cpu and type(x2) is torch.Tensor
+                 and type(weight) in _PLAIN and (bias is None or type(bias) in _PLAIN))
     plan = _make_plan(m, x2, weight, frame, replay, recompute, layout, is_first_microbatch, wants_grad,
                       hp_out_dtype(x, weight.dtype), gemm, one_op_ok, eager=eager)
     if plan.recipe.along_reduction():

@@ -372,3 +372,28 @@ def test_linear_forward_calls_equal_the_casts_then_scaled_mm(out_dtype, with_bia
     c = ops.linear_current_casts(x, w, x_dtype=E4, w_dtype=E5, margin=1)
     y = ops.scaled_mm(c[0], c[4].t(), c[2], c[6], bias=bias, out_dtype=out_dtype, scale_kinds=k)
     _same(got, (y, c[0], c[2], c[4], c[6], c[7]))
+
+
+class _Sub(torch.Tensor):
+    """A torch.Tensor subclass (torch function only): not a plain tensor to the direct path."""
+
+
+def test_a_tensor_subclass_input_goes_through_torch_ops():
+    torch.manual_seed(2)
+    lin = fp8mix.Linear(32, 24)
+    x = torch.randn(8, 32)
+    out = {}
+    for name, inp in (("plain", x), ("subclass", x.as_subclass(_Sub))):
+        inp = inp.detach().requires_grad_()
+        with _Count() as seen:
+            with fp8mix.fp8_autocast(fp8_recipe=DelayedScaling(amax_history_len=4)):
+                y = lin(inp)
+            y.backward(torch.ones_like(y))
+        out[name] = (torch.Tensor(y.detach()), torch.Tensor(inp.grad), seen.direct)
+        lin.weight.grad = lin.bias.grad = None
+    assert out["plain"][2] == ["linear_delayed_forward", "linear_backward"]
+    assert out["subclass"][2] == []  # the separate ops, through torch.ops
+    assert torch.isfinite(out["subclass"][0]).all()
+    ref = torch.nn.functional.linear(x, lin.weight, lin.bias).detach()
+    for y, _, _ in out.values():
+        assert (y - ref).norm() / ref.norm() < 0.1
