@@ -26,6 +26,18 @@
     "vbroadcastss " STR(A4) "(%[a]), %%ymm15\n\t" FMA2_ASM(4) \
     "vbroadcastss " STR(A5) "(%[a]), %%ymm15\n\t" FMA2_ASM(5)
 
+/* %[n] iterations of four k-steps (label 1), advancing a and b. */
+#define KLOOP4_ASM                                  \
+    "1:\n\t"                                        \
+    KSTEP_ASM(0, 32, 0, 4, 8, 12, 16, 20)           \
+    KSTEP_ASM(64, 96, 24, 28, 32, 36, 40, 44)       \
+    KSTEP_ASM(128, 160, 48, 52, 56, 60, 64, 68)     \
+    KSTEP_ASM(192, 224, 72, 76, 80, 84, 88, 92)     \
+    "addq $96, %[a]\n\t"                            \
+    "addq $256, %[b]\n\t"                           \
+    "decq %[n]\n\t"                                 \
+    "jnz 1b\n\t"
+
 /* The driver's next tile is usually the next 6 rows of C: start fetching it into
  * L2 now (C rows are often 4 KiB multiples apart and collide in L1). */
 static inline __attribute__((always_inline)) void prefetch_next_tile(const float *c, int64_t ldc)
@@ -60,15 +72,7 @@ ukernel_6x16(int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc, 
     int64_t t = kc & ~(int64_t)3, n4 = kc / 4;
     if (n4 > 0) {
         __asm__ volatile(
-            "1:\n\t"
-            KSTEP_ASM(0, 32, 0, 4, 8, 12, 16, 20)
-            KSTEP_ASM(64, 96, 24, 28, 32, 36, 40, 44)
-            KSTEP_ASM(128, 160, 48, 52, 56, 60, 64, 68)
-            KSTEP_ASM(192, 224, 72, 76, 80, 84, 88, 92)
-            "addq $96, %[a]\n\t"
-            "addq $256, %[b]\n\t"
-            "decq %[n]\n\t"
-            "jnz 1b\n\t"
+            KLOOP4_ASM
             : [a] "+r"(a), [b] "+r"(b), [n] "+r"(n4),
               [c00] "+x"(c00), [c01] "+x"(c01), [c10] "+x"(c10), [c11] "+x"(c11),
               [c20] "+x"(c20), [c21] "+x"(c21), [c30] "+x"(c30), [c31] "+x"(c31),
@@ -167,15 +171,7 @@ static void blocks_6x16_asm(int64_t nblk, const float *a, const float *b, float 
         "vxorps %[c50], %[c50], %[c50]\n\t" "vxorps %[c51], %[c51], %[c51]\n\t"
         "2:\n\t"
         "movq $32, %[n]\n\t"
-        "1:\n\t"
-        KSTEP_ASM(0, 32, 0, 4, 8, 12, 16, 20)
-        KSTEP_ASM(64, 96, 24, 28, 32, 36, 40, 44)
-        KSTEP_ASM(128, 160, 48, 52, 56, 60, 64, 68)
-        KSTEP_ASM(192, 224, 72, 76, 80, 84, 88, 92)
-        "addq $96, %[a]\n\t"
-        "addq $256, %[b]\n\t"
-        "decq %[n]\n\t"
-        "jnz 1b\n\t"
+        KLOOP4_ASM
         BLOCK_ROW_ASM(0, "(%[c])", 0)
         BLOCK_ROW_ASM(1, "(%[c],%[ldb],1)", 4)
         BLOCK_ROW_ASM(2, "(%[c],%[ldb],2)", 8)
