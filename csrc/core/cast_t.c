@@ -3,8 +3,9 @@
  * row-major x (fp8mix_quantize_current_t): block scaling's wgrad operands (x^T
  * and dy^T, whose tiles run along the tokens) without a transposed float32 copy.
  *
- * A task gathers a 128-row stripe of x over T_COLS columns into a float32
- * buffer, column by column (exact: every input type widens exactly to float32),
+ * A task reads a 128-row stripe of x over T_COLS columns into a float32
+ * buffer, transposed (the active ISA's widen_t kernel; exact: every input type
+ * widens exactly to float32),
  * then each buffered column is one 1x128 tile of x^T: its amax and its cast run
  * through the active ISA's segment kernel as cast.c's fused BLOCK path does on a
  * row, so the bytes, scales and random words are those of fp8mix_quantize_current
@@ -34,19 +35,21 @@ typedef struct ct_job {
     const fp8mix_kernels *k;
 } ct_job;
 
-/* x[r0 .. r0+len, c0 .. c0+w] into buf[j][i] = x[r0 + i][c0 + j]. */
-static void gather(const ct_job *J, int64_t r0, int64_t len, int64_t c0, int64_t w, float buf[][BLK])
+/* The portable transposed widening read (internal.h); the x86 variant is
+ * x86/widen_t_avx2.c, which hands its ragged edges back here. */
+void fp8mix_widen_t_scalar(const void *x, fp8mix_dtype xt, int64_t ld_x, int64_t rows, int64_t cols, float *buf,
+                           int64_t ldb)
 {
-    for (int64_t i = 0; i < len; i++) {
-        const uint8_t *row = J->x + (size_t)((r0 + i) * J->ld_x) * dtype_size(J->xt);
-        if (J->xt == FP8MIX_F32) {
-            const float *f = (const float *)row + c0;
-            for (int64_t j = 0; j < w; j++) buf[j][i] = f[j];
-        } else if (J->xt == FP8MIX_BF16) {
-            const uint16_t *h = (const uint16_t *)row + c0;
-            for (int64_t j = 0; j < w; j++) buf[j][i] = bf16_to_f32(h[j]);
+    for (int64_t i = 0; i < rows; i++) {
+        const uint8_t *row = (const uint8_t *)x + (size_t)(i * ld_x) * dtype_size(xt);
+        if (xt == FP8MIX_F32) {
+            const float *f = (const float *)row;
+            for (int64_t j = 0; j < cols; j++) buf[j * ldb + i] = f[j];
+        } else if (xt == FP8MIX_BF16) {
+            const uint16_t *h = (const uint16_t *)row;
+            for (int64_t j = 0; j < cols; j++) buf[j * ldb + i] = bf16_to_f32(h[j]);
         } else {
-            for (int64_t j = 0; j < w; j++) buf[j][i] = load_f32(row, J->xt, c0 + j);
+            for (int64_t j = 0; j < cols; j++) buf[j * ldb + i] = load_f32(row, xt, j);
         }
     }
 }
@@ -59,7 +62,7 @@ static void ct_task(void *ctx, int64_t task, int worker)
     int64_t len = J->rows - r0 < BLK ? J->rows - r0 : BLK;
     int64_t w = J->cols - c0 < T_COLS ? J->cols - c0 : T_COLS;
     float buf[T_COLS][BLK];
-    gather(J, r0, len, c0, w, buf);
+    J->k->widen_t(J->x + (size_t)(r0 * J->ld_x + c0) * dtype_size(J->xt), J->xt, J->ld_x, len, w, &buf[0][0], BLK);
     for (int64_t j = 0; j < w; j++) {
         int64_t col = c0 + j, t = col * J->nkb + r0 / BLK;
         uint32_t m = 0;

@@ -96,10 +96,10 @@ const char *fp8mix_isa_name(fp8mix_isa isa)
     return "unknown";
 }
 
-static const fp8mix_kernels k_scalar = {fp8mix_cast_seg_scalar, fp8mix_dequant_seg_scalar};
+static const fp8mix_kernels k_scalar = {fp8mix_cast_seg_scalar, fp8mix_dequant_seg_scalar, fp8mix_widen_t_scalar};
 #if FP8MIX_X86
-static const fp8mix_kernels k_avx2 = {fp8mix_cast_seg_avx2, fp8mix_dequant_seg_avx2};
-static const fp8mix_kernels k_avx512 = {fp8mix_cast_seg_avx512, fp8mix_dequant_seg_avx512};
+static const fp8mix_kernels k_avx2 = {fp8mix_cast_seg_avx2, fp8mix_dequant_seg_avx2, fp8mix_widen_t_avx2};
+static const fp8mix_kernels k_avx512 = {fp8mix_cast_seg_avx512, fp8mix_dequant_seg_avx512, fp8mix_widen_t_avx2};
 #endif
 
 const fp8mix_kernels *fp8mix_kernels_active(void)

@@ -51,9 +51,16 @@ typedef void (*fp8mix_dequant_seg_fn)(const uint8_t *q, int64_t n,
                                       const float *table, float scale_inv,
                                       void *out, fp8mix_dtype out_t);
 
+/* Transposed widening read: buf[j * ldb + i] = (float)x[i * ld_x + j] for
+ * i < rows, j < cols (x of type xt, row stride ld_x elements).  Exact. */
+typedef void (*fp8mix_widen_t_fn)(const void *x, fp8mix_dtype xt, int64_t ld_x,
+                                  int64_t rows, int64_t cols, float *buf,
+                                  int64_t ldb);
+
 typedef struct fp8mix_kernels {
     fp8mix_cast_seg_fn cast_seg;
     fp8mix_dequant_seg_fn dequant_seg;
+    fp8mix_widen_t_fn widen_t;
 } fp8mix_kernels;
 
 /* Kernel table for the active ISA (never NULL). */
@@ -65,6 +72,8 @@ void fp8mix_cast_seg_scalar(const void *x, fp8mix_dtype xt, int64_t n,
                             uint64_t rng_index);
 void fp8mix_dequant_seg_scalar(const uint8_t *q, int64_t n, const float *table,
                                float scale_inv, void *out, fp8mix_dtype out_t);
+void fp8mix_widen_t_scalar(const void *x, fp8mix_dtype xt, int64_t ld_x, int64_t rows,
+                           int64_t cols, float *buf, int64_t ldb);
 #if defined(__x86_64__) || defined(_M_X64)
 #define FP8MIX_X86 1
 void fp8mix_cast_seg_avx2(const void *x, fp8mix_dtype xt, int64_t n,
@@ -73,6 +82,8 @@ void fp8mix_cast_seg_avx2(const void *x, fp8mix_dtype xt, int64_t n,
                           uint64_t rng_index);
 void fp8mix_dequant_seg_avx2(const uint8_t *q, int64_t n, const float *table,
                              float scale_inv, void *out, fp8mix_dtype out_t);
+void fp8mix_widen_t_avx2(const void *x, fp8mix_dtype xt, int64_t ld_x, int64_t rows,
+                         int64_t cols, float *buf, int64_t ldb);
 void fp8mix_cast_seg_avx512(const void *x, fp8mix_dtype xt, int64_t n,
                             float scale, uint8_t *q, uint32_t *amax,
                             const fp8_params *p, uint64_t seed,
