@@ -21,8 +21,12 @@ not run and the estimate, a lower bound, stands in for it.
 Memory columns:
   peak MB     resident-set high-water mark of one step above the resident set before it
               (the caller keeps the input x, as this benchmark's step does)
-              (Linux VmHWM after a clear_refs reset; this script re-executes itself with
-              MALLOC_MMAP_THRESHOLD_=65536 so freed tensors leave the resident set at once),
+              (Linux VmHWM after a clear_refs reset, read in a child process of this script
+              run with glibc's MALLOC_MMAP_THRESHOLD_=65536 so that freed tensors leave the
+              resident set at once; the step times are taken in the main process, under
+              glibc's default allocator as a training loop runs: with that setting every
+              tensor of 64 KiB or more comes with fresh pages, which costs the FP8 step's
+              extra tensors more than float32's),
               i.e. the step's outputs, gradients, saved tensors and any scratch, C side
               included (the C GEMM keeps its packing workspace between calls: it is in the
               resident set before the step, as MKL's buffers are).
@@ -53,21 +57,24 @@ import os
 import sys
 
 ENV_KEY = "MALLOC_MMAP_THRESHOLD_"
+PEAKS_FLAG = "--peaks-json"  # internal: the child process that measures the peaks
 if sys.platform.startswith("linux"):
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from _machine import AVX2_ENV
 
     env = dict(os.environ)
-    if env.get(ENV_KEY) is None:
-        env[ENV_KEY] = "65536"
     if "--avx2" in sys.argv:
         env.update(AVX2_ENV)
+    if PEAKS_FLAG in sys.argv and env.get(ENV_KEY) is None:
+        env[ENV_KEY] = "65536"
     if env != dict(os.environ):  # the allocator and the ISA caps are read at load time
         os.execve(sys.executable, [sys.executable] + sys.argv, env)
 
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
+import json  # noqa: E402
 import statistics  # noqa: E402
+import subprocess  # noqa: E402
 import time  # noqa: E402
 from typing import Optional  # noqa: E402
 
@@ -248,9 +255,35 @@ def step_targets(isa: str, S: int) -> float:
     return 1.0 if S >= 1024 else 1.2
 
 
-def layer_table(sizes, variants, warmup, iters, isa, fails, tao_budget):
+def layer_peaks(sizes, variants, warmup, tao_budget) -> dict:
+    """(run in the peaks child) {S: {variant: [peak, peak (act)]}} in bytes, each case stepped
+    `warmup` times first, as the timed steps of the main process are; None where unreadable."""
+    out: dict = {}
+    for S in sizes:
+        est = torchao_estimate(3 * 2.0 * S**3) if any(v.startswith("torchao") for v in variants) else 0.0
+        out[S] = {}
+        for v in variants:
+            if v.startswith("torchao") and est > tao_budget:
+                continue
+            try:
+                c = Case(v, S)
+                for _ in range(max(warmup, 1)):
+                    c.step()
+                c.zero_grad()  # the previous step's gradients are not part of this step's peak
+                peak = step_peak(c.step)
+                c.zero_grad()
+                out[S][v] = [peak, step_peak(c.step_activation)]
+            except RuntimeError:  # torchao through oneDNN (see interleaved): the main process says so
+                if not v.startswith("torchao"):
+                    raise
+            del c
+    return out
+
+
+def layer_table(sizes, variants, warmup, iters, isa, fails, tao_budget, peaks):
     """The per-size table; appends missed targets to fails.  torchao variants whose
-    estimated step exceeds tao_budget seconds are not run: their lower bound stands in."""
+    estimated step exceeds tao_budget seconds are not run: their lower bound stands in.
+    peaks: layer_peaks' result from the peaks child ({} where there is none)."""
     print("| M=N=K | variant | step ms | x f32 | x torchao tw | peak MB | x f32 peak | peak (act) MB | x f32 "
           "| saved act MB | act % f32 | verdict |")
     print("|---:|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
@@ -262,16 +295,8 @@ def layer_table(sizes, variants, warmup, iters, isa, fails, tao_budget):
         med = interleaved(cases, warmup, iters, refused)
         rows = {}
         for v, c in cases.items():
-            c.zero_grad()  # the previous step's gradients are not part of this step's peak
-            try:
-                peak = step_peak(c.step)
-                c.zero_grad()
-                rows[v] = (med[v], peak, step_peak(c.step_activation),
-                           (c.saved_bytes(256) - c.saved_bytes(128)) / 128 * S)
-            except RuntimeError as exc:  # torchao through oneDNN, as in interleaved
-                if not v.startswith("torchao"):
-                    raise
-                refused[v] = str(exc).splitlines()[0][:90]
+            peak, qpeak = peaks.get(S, {}).get(v, (None, None))
+            rows[v] = (med[v], peak, qpeak, (c.saved_bytes(256) - c.saved_bytes(128)) / 128 * S)
         t32, p32, q32, a32 = rows["nn f32"]
         tao = rows["torchao tensorwise"][0] if "torchao tensorwise" in rows else (est if est > tao_budget else None)
         for v in variants:
@@ -337,9 +362,10 @@ def llama_model(variant: str):
     return model
 
 
-def llama_table(warmup, iters, batch, seq, fails, tao_budget):
+def llama_table(warmup, iters, batch, seq, fails, tao_budget, peaks=None, peaks_only=False):
     """fwd+bwd step of the tiny Llama per variant, interleaved; fp8mix <= 0.5x torchao
-    (torchao run only when its estimated step fits tao_budget seconds)."""
+    (torchao run only when its estimated step fits tao_budget seconds).  peaks: the peaks
+    child's {variant: bytes}; with peaks_only (in that child), returns them instead."""
     variants = ["f32", "fp8mix delayed", "torchao tensorwise", "torchao rowwise"]
     probe = llama_model("f32")
     flop = sum(3 * 2.0 * batch * seq * m.in_features * m.out_features for m in probe.modules()
@@ -365,11 +391,16 @@ def llama_table(warmup, iters, batch, seq, fails, tao_budget):
         def step(self):
             step(self.v)
 
+    if peaks_only:
+        peaks = {}
+        for v in variants:
+            for _ in range(max(warmup, 1)):
+                step(v)
+            models[v].zero_grad(set_to_none=True)  # last step's gradients are not this step's peak
+            peaks[v] = step_peak(lambda: step(v))
+        return peaks
     med = interleaved({v: _S(v) for v in variants}, warmup, iters)
-    peaks = {}
-    for v in variants:
-        models[v].zero_grad(set_to_none=True)  # last step's gradients are not this step's peak
-        peaks[v] = step_peak(lambda: step(v))
+    peaks = {v: (peaks or {}).get(v) for v in variants}
     print(f"\n## tiny HF Llama step ({batch}x{seq} tokens, hidden 512, 4 layers, 29 Linear layers)\n")
     print("| variant | step ms | x f32 | x torchao tensorwise | peak MB | x f32 peak | verdict |")
     print("|:---|---:|---:|---:|---:|---:|---|")
@@ -377,7 +408,7 @@ def llama_table(warmup, iters, batch, seq, fails, tao_budget):
     if "torchao tensorwise" not in med:
         print(f"| torchao (both) | >= {est * 1e3:.0f} (est.) | >= {est / med['f32']:.0f} | | | | "
               f"not run: aten._scaled_mm runs at {scaled_mm_rate() / 1e9:.3f} GFLOP/s here |")
-    p32 = peaks["f32"]
+    p32 = peaks.get("f32")
     for v in variants:
         r = med[v] / tao
         pk, pr = ("n/a", "n/a") if peaks[v] is None or not p32 else (f"{peaks[v] / 2**20:.1f}", f"{peaks[v] / p32:.2f}")
@@ -389,12 +420,12 @@ def llama_table(warmup, iters, batch, seq, fails, tao_budget):
         print(f"| {v} | {med[v] * 1e3:.1f} | {med[v] / med['f32']:.2f} | {r:.2f} | {pk} | {pr} | {v_ok} |", flush=True)
 
 
-def memory_breakdown(S: int) -> None:
+def memory_breakdown(S: int) -> list:
     """Per FP8 recipe: the allocations of one step by op (torch.profiler), largest first,
     and the C core's share of the peak (VmHWM peak minus what torch allocated at most)."""
     from torch.profiler import ProfilerActivity, profile
 
-    print(f"\n## what one step allocates, by op (M=N=K={S})\n")
+    lines = [f"\n## what one step allocates, by op (M=N=K={S})\n"]
     for v in ["nn f32", "fp8 delayed", "fp8 current", "fp8 block"]:
         c = Case(v, S)
         for _ in range(2):
@@ -407,7 +438,23 @@ def memory_breakdown(S: int) -> None:
         allocs = [(e.key, e.self_cpu_memory_usage / 2**20) for e in prof.key_averages() if e.self_cpu_memory_usage > 0]
         allocs.sort(key=lambda kv: -kv[1])
         top = ", ".join(f"{k} {mb:.1f}" for k, mb in allocs[:8])
-        print(f"- {v}: peak {peak / 2**20 if peak else float('nan'):.1f} MB; allocated by op (MB): {top}")
+        lines.append(f"- {v}: peak {peak / 2**20 if peak else float('nan'):.1f} MB; allocated by op (MB): {top}")
+    return lines
+
+
+def child_peaks() -> dict:
+    """Runs this script again as the peaks child (glibc's MALLOC_MMAP_THRESHOLD_=65536, so that
+    a freed tensor leaves the resident set at once and VmHWM reads a step's peak) and returns
+    its JSON; {} off Linux or when it fails (the peak columns then read n/a)."""
+    if not sys.platform.startswith("linux"):
+        return {}
+    cmd = [sys.executable, os.path.abspath(__file__)] + sys.argv[1:] + [PEAKS_FLAG]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    lines = res.stdout.strip().splitlines()
+    if res.returncode != 0 or not lines:
+        print(f"- peaks child failed (rc {res.returncode}): {res.stderr.strip()[-300:]}")
+        return {}
+    return json.loads(lines[-1])
 
 
 def main():
@@ -424,6 +471,7 @@ def main():
     ap.add_argument("--memory", action="store_true", help="per-op allocation breakdown of one step")
     ap.add_argument("--torchao-budget", type=float, default=20.0,
                     help="seconds per step above which (estimated) torchao is not run")
+    ap.add_argument(PEAKS_FLAG, dest="peaks_json", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -435,6 +483,15 @@ def main():
     if "nn f32" not in variants:
         variants.insert(0, "nn f32")
     isa = str(fp8mix.cpu_isa())
+    b, s = (int(v) for v in a.llama_tokens.split("x"))
+    if a.peaks_json:  # the peaks child: one JSON line, nothing else
+        out = {"layer": layer_peaks(sizes, variants, warmup, a.torchao_budget)}
+        if not a.no_llama:
+            out["llama"] = llama_table(warmup, 0, b, s, [], a.torchao_budget, peaks_only=True)
+        if a.memory:
+            out["memory"] = memory_breakdown(max(sizes))
+        print(json.dumps(out))
+        return
 
     print("# fp8mix.Linear vs nn.Linear and torchao Float8Linear: forward+backward step on CPU\n")
     for line in header_lines(isa):
@@ -445,13 +502,14 @@ def main():
           "at 512; peak <= f32's; saved act <= 30%; fp8mix delayed <= 0.5x torchao tensorwise\n")
     t_start = time.time()
     fails: list = []
-    layer_table(sizes, variants, warmup, iters, isa, fails, a.torchao_budget)
+    peaks = child_peaks()
+    layer = {int(k): v for k, v in peaks.get("layer", {}).items()}
+    layer_table(sizes, variants, warmup, iters, isa, fails, a.torchao_budget, layer)
     overhead_row(warmup, iters, fails)
     if not a.no_llama:
-        b, s = (int(v) for v in a.llama_tokens.split("x"))
-        llama_table(warmup, iters, b, s, fails, a.torchao_budget)
-    if a.memory:
-        memory_breakdown(max(sizes))
+        llama_table(warmup, iters, b, s, fails, a.torchao_budget, peaks=peaks.get("llama"))
+    for line in peaks.get("memory", []):
+        print(line)
     print()
     print(f"- {'all targets PASS' if not fails else f'{len(fails)} FAIL: ' + '; '.join(fails)}")
     print(f"- load average at end: {load_average()}; total benchmark time {time.time() - t_start:.0f} s")
