@@ -65,8 +65,10 @@ if sys.platform.startswith("linux"):
     env = dict(os.environ)
     if "--avx2" in sys.argv:
         env.update(AVX2_ENV)
-    if PEAKS_FLAG in sys.argv and env.get(ENV_KEY) is None:
-        env[ENV_KEY] = "65536"
+    if PEAKS_FLAG in sys.argv:
+        env.setdefault(ENV_KEY, "65536")
+    else:  # the steps are timed under glibc's defaults, whatever the caller's environment says
+        env.pop(ENV_KEY, None)
     if env != dict(os.environ):  # the allocator and the ISA caps are read at load time
         os.execve(sys.executable, [sys.executable] + sys.argv, env)
 
@@ -257,7 +259,8 @@ def step_targets(isa: str, S: int) -> float:
 
 def layer_peaks(sizes, variants, warmup, tao_budget) -> dict:
     """(run in the peaks child) {S: {variant: [peak, peak (act)]}} in bytes, each case stepped
-    `warmup` times first, as the timed steps of the main process are; None where unreadable."""
+    warmup + 1 times first (the timed steps of the main process follow warmup steps); None where
+    unreadable."""
     out: dict = {}
     for S in sizes:
         est = torchao_estimate(3 * 2.0 * S**3) if any(v.startswith("torchao") for v in variants) else 0.0
@@ -267,7 +270,7 @@ def layer_peaks(sizes, variants, warmup, tao_budget) -> dict:
                 continue
             try:
                 c = Case(v, S)
-                for _ in range(max(warmup, 1)):
+                for _ in range(warmup + 1):  # past the first step's one-time state (weight caches, histories)
                     c.step()
                 c.zero_grad()  # the previous step's gradients are not part of this step's peak
                 peak = step_peak(c.step)
@@ -276,7 +279,8 @@ def layer_peaks(sizes, variants, warmup, tao_budget) -> dict:
             except RuntimeError:  # torchao through oneDNN (see interleaved): the main process says so
                 if not v.startswith("torchao"):
                     raise
-            del c
+            finally:
+                c = None  # type: ignore[assignment]
     return out
 
 
@@ -311,10 +315,9 @@ def layer_table(sizes, variants, warmup, iters, isa, fails, tao_budget, peaks):
             checks = []
             if v.startswith("fp8"):
                 checks = [("step", t / t32 <= step_targets(isa, S)), ("saved act", act <= 0.30 * a32)]
-                if peak is not None and p32:
-                    checks.append(("peak", peak <= p32))
-                if qpeak is not None and q32:
-                    checks.append(("peak act", qpeak <= q32))
+                # an unreadable peak is not a met target
+                checks.append(("peak", peak is not None and bool(p32) and peak <= p32))
+                checks.append(("peak act", qpeak is not None and bool(q32) and qpeak <= q32))
                 if tao and v == "fp8 delayed":
                     checks.append(("torchao", t <= 0.5 * tao))
             missed = [name for name, ok in checks if not ok]
@@ -329,7 +332,8 @@ def layer_table(sizes, variants, warmup, iters, isa, fails, tao_budget, peaks):
                   f"| {verdict(not missed) if checks else ''} |", flush=True)
         del cases
     print("\n- peak: the caller keeps x; peak (act): x an activation of the step (see the docstring). With x kept, "
-          "an FP8 step holds float32's y, dx, dW plus its FP8 x and dy: floor 1.17x float32's peak")
+          "an FP8 step holds float32's y, dx, dW plus its FP8 x and dy: about 1.17x float32's peak (1 + 2/12; "
+          "at small sizes the ratio moves by a few hundredths with page-level noise)")
 
 
 def overhead_row(warmup, iters, fails):
@@ -414,7 +418,7 @@ def llama_table(warmup, iters, batch, seq, fails, tao_budget, peaks=None, peaks_
         pk, pr = ("n/a", "n/a") if peaks[v] is None or not p32 else (f"{peaks[v] / 2**20:.1f}", f"{peaks[v] / p32:.2f}")
         v_ok = ""
         if v == "fp8mix delayed":
-            missed = [n for n, ok in (("vs torchao", r <= 0.5), ("peak", pr == "n/a" or peaks[v] <= p32)) if not ok]
+            missed = [n for n, ok in (("vs torchao", r <= 0.5), ("peak", pr != "n/a" and peaks[v] <= p32)) if not ok]
             fails.extend(f"llama {n}" for n in missed)
             v_ok = verdict(not missed)
         print(f"| {v} | {med[v] * 1e3:.1f} | {med[v] / med['f32']:.2f} | {r:.2f} | {pk} | {pr} | {v_ok} |", flush=True)
@@ -447,14 +451,16 @@ def child_peaks() -> dict:
     a freed tensor leaves the resident set at once and VmHWM reads a step's peak) and returns
     its JSON; {} off Linux or when it fails (the peak columns then read n/a)."""
     if not sys.platform.startswith("linux"):
-        return {}
+        return {"error": "peaks are read from Linux's /proc only"}
     cmd = [sys.executable, os.path.abspath(__file__)] + sys.argv[1:] + [PEAKS_FLAG]
     res = subprocess.run(cmd, capture_output=True, text=True)
     lines = res.stdout.strip().splitlines()
-    if res.returncode != 0 or not lines:
-        print(f"- peaks child failed (rc {res.returncode}): {res.stderr.strip()[-300:]}")
-        return {}
-    return json.loads(lines[-1])
+    try:
+        if res.returncode != 0 or not lines:
+            raise ValueError(f"rc {res.returncode}")
+        return json.loads(lines[-1])
+    except ValueError as exc:  # json.JSONDecodeError is a ValueError
+        return {"error": f"peaks child failed ({exc}): {res.stderr.strip()[-300:]}"}
 
 
 def main():
@@ -503,6 +509,9 @@ def main():
     t_start = time.time()
     fails: list = []
     peaks = child_peaks()
+    if "error" in peaks:  # the peak targets cannot be judged: that is a FAIL, not a silent PASS
+        print(f"- {peaks['error']}\n")
+        fails.append("peaks unavailable")
     layer = {int(k): v for k, v in peaks.get("layer", {}).items()}
     layer_table(sizes, variants, warmup, iters, isa, fails, a.torchao_budget, layer)
     overhead_row(warmup, iters, fails)

@@ -244,10 +244,10 @@ static void compute_task(void *ctx, int64_t t, int worker)
  * in its core's caches), then what is left of the others' ranges (a slow or
  * absent worker's share is not waited for).  Handed out first come, first served
  * instead, a row block's C tiles moved between cores from one K step to the next:
- * a 2-thread 2048^3 GEMM ran at 159 GFLOP/s against 172 in the same minute
- * (EPYC VM, where torch's float32 GEMM ran at 180).  Which worker computes a
+ * a 2-thread 2048^3 GEMM ran at 156 GFLOP/s against 176 in the same minutes
+ * (EPYC VM, C harness; torch's float32 GEMM ran at 180 there).  Which worker computes a
  * tile changes no sum. */
-#define MAX_RANGES 64
+#define MAX_RANGES 256 /* the pool's worker cap (parallel.c) */
 
 typedef struct affine_job {
     const plan *pl;

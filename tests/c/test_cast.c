@@ -544,6 +544,51 @@ static void test_quantize_t(void)
     free(xf), free(xt), free(xh), free(xht), free(q1), free(q2), free(s1);
 }
 
+/* The active ISA's widen_t kernel (the transposed widening read of
+ * fp8mix_quantize_current_t) against the scalar one: every shape up to 19 x 19
+ * (the 8x8 tiles, the ragged right and bottom strips, fewer than 8 rows or
+ * columns), padded row strides, all three input types over random bit
+ * patterns.  Same bits, except that F16C returns a float16 signalling NaN
+ * quiet (widen_t_avx2.c): two NaNs of the same sign count as equal. */
+static void test_widen_t(void)
+{
+    enum { MAXR = 19, MAXC = 19, PAD = 3, LDB = 24 };
+    uint32_t xw[MAXR * (MAXC + PAD)];
+    float ref[MAXC * LDB], got[MAXC * LDB];
+    uint32_t st = 12345;
+    for (size_t i = 0; i < sizeof xw / sizeof xw[0]; i++) {
+        st = st * 1664525u + 1013904223u;
+        xw[i] = st;
+    }
+    for (size_t k = 0; k < sizeof ISAS / sizeof ISAS[0]; k++) {
+        if (fp8mix_cpu_isa() < ISAS[k]) continue;
+        fp8mix_set_max_isa(ISAS[k]);
+        const fp8mix_kernels *kern = fp8mix_kernels_active();
+        long bad = 0, cases = 0;
+        for (int dt = 0; dt < 3; dt++) {
+            fp8mix_dtype t = dt == 0 ? FP8MIX_F32 : dt == 1 ? FP8MIX_BF16 : FP8MIX_F16;
+            for (int64_t r = 0; r <= MAXR; r++)
+                for (int64_t c = 0; c <= MAXC; c++)
+                    for (int64_t pad = 0; pad <= PAD; pad += PAD) {
+                        memset(ref, 0xA5, sizeof ref);
+                        memset(got, 0xA5, sizeof got);
+                        fp8mix_widen_t_scalar(xw, t, c + pad, r, c, ref, LDB);
+                        kern->widen_t(xw, t, c + pad, r, c, got, LDB);
+                        for (int i = 0; i < MAXC * LDB; i++) {
+                            uint32_t a = f32_bits(ref[i]), b = f32_bits(got[i]);
+                            int both_nan = (a & 0x7FFFFFFFu) > 0x7F800000u && (b & 0x7FFFFFFFu) > 0x7F800000u &&
+                                           (a >> 31) == (b >> 31);
+                            bad += a != b && !both_nan;
+                        }
+                        cases++;
+                    }
+        }
+        CHECK(bad == 0, "widen_t (%s) differs from the scalar read in %ld floats over %ld shapes",
+              fp8mix_isa_name(ISAS[k]), bad, cases);
+    }
+    fp8mix_set_max_isa(FP8MIX_ISA_AVX512BF16);
+}
+
 int main(void)
 {
     test_transpose();
@@ -557,6 +602,7 @@ int main(void)
     test_entry_points();
     test_big_transpose();
     test_quantize_t();
+    test_widen_t();
     test_compute_scale();
     report_coverage();
     return check_report("test_cast");

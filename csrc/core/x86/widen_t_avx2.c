@@ -7,8 +7,10 @@
  * Zen 3).  Here eight rows are widened to float32 in registers and transposed
  * with the usual unpack / shuffle / lane-permute network, so every store is a
  * whole 8-float row of the buffer.  Widening is exact for every input type,
- * and the copy changes no bits: the result equals fp8mix_widen_t_scalar's
- * (the ragged edges go to it).  Tested through fp8mix_quantize_current_t
+ * and the result equals fp8mix_widen_t_scalar's bit for bit (the ragged
+ * edges go to it) except for a float16 signalling NaN, which F16C returns
+ * quiet: every NaN casts to the same FP8 code and folds into amax as the
+ * same quiet NaN, so the quantisation is unchanged.  Tested through fp8mix_quantize_current_t
  * against fp8mix_quantize_current of a contiguous x^T, per ISA
  * (tests/c/test_cast.c).
  */
