@@ -1,13 +1,15 @@
 """The fake (meta) implementations of torch.ops.fp8mix: output shapes and dtypes only, so
 that the ops trace under torch.compile and run under FakeTensorMode. Registered when
-fp8mix.ops is imported (it imports this module last); nothing here computes values.
+fp8mix.ops is imported (it imports this module); nothing here computes values.
 """
 from __future__ import annotations
 
 import torch
 
+from . import _C  # type: ignore[attr-defined]  # noqa: F401  (loading it defines the ops' schemas)
+from ._op_types import QUANT_STATS_N, Act, NormKind, scale_shape
+from ._op_types import rows_cols as _rows_cols
 from .formats import Granularity
-from .ops import QUANT_STATS_N, Act, NormKind, _rows_cols, scale_shape
 
 
 @torch.library.register_fake("fp8mix::cast")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from . import ops
-from .quantize import same_device
+from .quantization import same_device
 from .tensor import Float8Tensor
 
 __all__ = ["scaled_mm"]

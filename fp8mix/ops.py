@@ -8,13 +8,13 @@ torch.ops.fp8mix directly.
 """
 from __future__ import annotations
 
-import dataclasses
-import enum
-from typing import Optional
+from typing import Optional, Protocol
 
 import torch
 
-from . import _C  # type: ignore[attr-defined]  # noqa: F401  (loading it registers torch.ops.fp8mix)
+# (loading _C registers torch.ops.fp8mix; _ops_fake registers the ops' fakes for torch.compile / FakeTensor)
+from . import _C, _ops_fake  # type: ignore[attr-defined]  # noqa: F401
+from ._op_types import QUANT_STATS_N, Act, DelayedSpec, MmScale, NormKind, scale_shape
 from .formats import Granularity
 
 _ops = torch.ops.fp8mix
@@ -24,64 +24,44 @@ __all__ = ["cast", "quantize_current", "quantize_mx", "amax", "compute_scale", "
            "MmScale", "cpu_isa", "set_max_isa", "scale_shape", "has_kernels", "NormKind", "Act", "norm_cast",
            "norm_delayed_cast", "act_cast", "act_delayed_cast", "linear_delayed_casts", "linear_current_casts",
            "linear_backward", "direct_ok", "linear_delayed_forward",
-           "linear_current_forward"]
+           "linear_current_forward", "CudaHooks", "set_cuda_hooks", "QUANT_STATS_N"]
 
 
-class MmScale(enum.IntEnum):
-    """Scale layout of a GEMM operand (the C API's fp8mix_mm_scale)."""
+class CudaHooks(Protocol):
+    """What fp8mix.cuda gives the op layer (``set_cuda_hooks``; fp8mix/__init__ imports
+    fp8mix.cuda, which registers itself): the op layer calls the CUDA package only through
+    these, so fp8mix.cuda can build on the typed wrappers here without an import circle."""
 
-    TENSOR = 0  # one value
-    OUTER = 1   # one per row of a / column of b
-    BLOCK = 2   # a: 1x128 tiles (M, ceil(K/128)); b: 128x128 blocks (ceil(K/128), ceil(N/128))
-    MX = 3      # a: (M, ceil(K/32)) MX blocks; b: (N, ceil(K/32)), [n][k-block] (CPU)
+    def first_use(self, device: torch.device) -> None:
+        """Compare the device's kernels with the C core (once per device); raise on a mismatch."""
 
-
-@dataclasses.dataclass(frozen=True)
-class DelayedSpec:
-    """What the delayed-scaling ops need of a DelayedScaling recipe."""
-
-    history_len: int
-    margin: int = 0
-    power_2_scale: bool = False
-    algo: str = "max"  # "max" or "most_recent"
-    interval: int = 1
+    def scaled_mm_refused(self, error: NotImplementedError, a: torch.Tensor, b: torch.Tensor,
+                          scale_a: torch.Tensor, scale_b: torch.Tensor, bias: Optional[torch.Tensor],
+                          out_dtype: torch.dtype) -> torch.Tensor:
+        """The product for a GEMM fp8mix's CUDA op raised `error` for: a fallback's result,
+        or `error` re-raised when it is not a cuBLASLt refusal."""
 
 
-def _rows_cols(x: torch.Tensor):
-    cols = 1 if x.dim() == 0 else x.shape[-1]
-    rows = 1
-    for d in x.shape[:-1]:
-        rows *= d
-    return rows, cols
-
-
-def scale_shape(x: torch.Tensor, g: int) -> list:
-    """Shape of the per-granularity scale / amax tensor of x (granularity code or enum g)."""
-    rows, cols = _rows_cols(x)
-    lead = list(x.shape[:-1]) if x.dim() >= 1 else []
-    if g == Granularity.TENSOR:
-        return []
-    if g == Granularity.ROW:
-        return lead + [1]
-    if g == Granularity.BLOCK:
-        return lead + [(cols + 127) // 128]
-    if g == Granularity.MX:
-        return lead + [(cols + 31) // 32]
-    return [(rows + 127) // 128, (cols + 127) // 128]
-
-
+_cuda_hooks: Optional[CudaHooks] = None
 _checked_devices: set = set()
 
 
+def set_cuda_hooks(hooks: Optional[CudaHooks]) -> None:
+    """Install (or, with None, remove) the CUDA package's hooks (see :class:`CudaHooks`)."""
+    global _cuda_hooks
+    _cuda_hooks = hooks
+
+
 def _first_cuda_use(t: torch.Tensor) -> None:
-    """The first time a process runs fp8mix's CUDA kernels on a device, compare them with the
-    C core (fp8mix.cuda.run_selfcheck: about 0.2 s, most of it the CPU half; FP8MIX_CUDA_SELFCHECK=0 skips it). A
-    mismatch raises one error naming the kernel and the first differing element."""
+    """The first time a process runs fp8mix's CUDA kernels on a device, the hooks' self-check
+    compares them with the C core (fp8mix.cuda.run_selfcheck: about 0.2 s, most of it the CPU
+    half; FP8MIX_CUDA_SELFCHECK=0 skips it). A mismatch raises one error naming the kernel
+    and the first differing element."""
     if t.device.type != "cuda" or t.device in _checked_devices or torch.compiler.is_compiling():
         return
     _checked_devices.add(t.device)  # once, also when it raises: the error says everything
-    from .cuda import run_selfcheck
-    run_selfcheck(t.device)
+    if _cuda_hooks is not None:
+        _cuda_hooks.first_use(t.device)
 
 
 def has_kernels(op: str, device: torch.device) -> bool:
@@ -156,10 +136,9 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: 
     try:
         return _ops.scaled_mm(a, b, scale_a, scale_b, bias, out_dtype, accumulate, promote_interval, ka, kb)
     except NotImplementedError as e:  # fp8mix's cuBLASLt call refused (arch, shape): torch._scaled_mm
-        from .cuda import is_refusal, scaled_mm_fallback
-        if not is_refusal(e):
+        if _cuda_hooks is None:
             raise
-        return scaled_mm_fallback(a, b, scale_a, scale_b, bias, out_dtype)
+        return _cuda_hooks.scaled_mm_refused(e, a, b, scale_a, scale_b, bias, out_dtype)
 
 
 # ---- the per-tensor recipes' state (csrc/core/recipe.c) -------------------------------
@@ -292,33 +271,6 @@ def linear_backward(dy: torch.Tensor, wq: torch.Tensor, w_scale_inv: torch.Tenso
 
 # ---- fused producer casts: a norm / an activation written as FP8 (csrc/core/norm.c, act.c) ----
 
-class NormKind(enum.IntEnum):
-    """fp8mix_norm_kind."""
-
-    LAYER = 0  # LayerNorm
-    RMS = 1    # RMSNorm
-
-
-class Act(enum.IntEnum):
-    """fp8mix_act_kind: Transformer Engine's activations (gelu is the tanh form); the gated
-    ones read a row as two halves a | b and give act(a) * b."""
-
-    GELU = 0
-    RELU = 1
-    SILU = 2
-    QGELU = 3
-    SRELU = 4
-    GEGLU = 5
-    SWIGLU = 6
-    REGLU = 7
-    QGEGLU = 8
-    SREGLU = 9
-
-    @property
-    def gated(self) -> bool:
-        return self >= Act.GEGLU
-
-
 def norm_cast(x: torch.Tensor, gamma: Optional[torch.Tensor], beta: Optional[torch.Tensor], *, kind: NormKind,
               eps: float, zero_centered_gamma: bool, fp8_dtype: torch.dtype, granularity=Granularity.TENSOR,
               scale: Optional[torch.Tensor] = None, margin: int = 0, power_2_scale: bool = False,
@@ -370,11 +322,6 @@ def act_delayed_cast(h: torch.Tensor, history: torch.Tensor, scale: torch.Tensor
 
 # ---- statistics -------------------------------------------------------------------------
 
-# Length of fp8mix_quant_stats' output (FP8MIX_STATS_N in fp8mix.h); fp8mix.numerics.FIELDS and
-# HIST_BINS name its entries (the one list; tests/test_numerics.py checks that the two agree).
-QUANT_STATS_N = 84
-
-
 def quant_stats(x: torch.Tensor, q: torch.Tensor, scale_inv: torch.Tensor, granularity, *,
                 bad_scale_as_one: bool = False) -> torch.Tensor:
     """fp8mix_quant_stats: a float64 vector of QUANT_STATS_N entries (see fp8mix.numerics);
@@ -396,6 +343,3 @@ def cpu_isa() -> str:
 def set_max_isa(name: str) -> None:
     """Cap the CPU kernels' instruction set (e.g. 'scalar' to run the portable path); process-wide."""
     _ops.set_max_isa(name)
-
-
-from . import _ops_fake  # noqa: E402,F401  (registers the fakes: torch.compile / FakeTensor shapes)

@@ -77,7 +77,7 @@ from itertools import chain
 
 import torch
 
-from .quantize import quantize
+from .quantization import quantize
 from .tensor import Float8Tensor
 
 __all__ = ["AdamW", "bytes_per_param"]

@@ -69,7 +69,7 @@ def test_autocast_signatures_and_default_recipe():
     assert [(p.name, p.default) for p in sig.parameters.values()] == \
         [("enabled", True), ("recipe", None), ("amax_reduction_group", None), ("monitor", None),
          ("calibrating", False)]
-    from fp8mix.autocast import get_fp8_recipe
+    from fp8mix.context import get_fp8_recipe
     assert not fp8mix.is_fp8_enabled() and get_fp8_recipe() is None
     with fp8_autocast():
         assert fp8mix.is_fp8_enabled()

@@ -21,7 +21,7 @@ import warnings
 import common as C
 
 import fp8mix
-from fp8mix.autocast import current_frame
+from fp8mix.context import current_frame
 from fp8mix.plan import GUARD_DEFAULTS, FP8Guard, FP8GuardWarning
 from fp8mix.plan.recipes import default_candidates
 

@@ -26,7 +26,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from ..autocast import fp8_autocast
+from ..context import fp8_autocast
 from ..nn import FP8StateMixin, convert_model
 from ..nn.fp8_state import FP8_STATE_KEYS
 from ..recipe import RECIPES, DelayedScaling

@@ -57,7 +57,7 @@ from lightning.pytorch.plugins.precision import Precision  # noqa: E402
 from lightning.pytorch.utilities import GradClipAlgorithmType  # noqa: E402
 from lightning.pytorch.utilities.exceptions import MisconfigurationException  # noqa: E402
 
-from ..autocast import as_bool, fp8_autocast  # noqa: E402
+from ..context import as_bool, fp8_autocast  # noqa: E402
 from ..grad_scaler import FP8GradScaler  # noqa: E402
 from ..nn import load_fp8_state  # noqa: E402
 

@@ -9,7 +9,6 @@ models to and from them, and activation-checkpointing support.
     FP8StateMixin     the per-module FP8 state every fp8mix module shares
     LayerNorm, RMSNorm, LayerNormLinear, LayerNormMLP, TransformerLayer
                       Transformer Engine's module family (fused norm / activation FP8 casts)
-    convert_module_to_fp8, FP8GlobalState   the seed text's aliases (te_compat)
 """
 from .conv1d import Conv1D
 from .convert import convert_model, load_fp8_state, strip_fp8_state, unconvert_model
@@ -19,9 +18,7 @@ from .layernorm_mlp import LayerNormMLP
 from .linear import Linear
 from .norms import LayerNorm, RMSNorm
 from .recompute import checkpoint
-from .te_compat import FP8GlobalState, convert_module_to_fp8
 from .transformer import TransformerLayer
 
 __all__ = ["Linear", "Conv1D", "convert_model", "unconvert_model", "strip_fp8_state", "load_fp8_state",
-           "checkpoint", "FP8StateMixin", "LayerNorm", "RMSNorm", "LayerNormLinear", "LayerNormMLP", "TransformerLayer",
-           "convert_module_to_fp8", "FP8GlobalState"]
+           "checkpoint", "FP8StateMixin", "LayerNorm", "RMSNorm", "LayerNormLinear", "LayerNormMLP", "TransformerLayer"]

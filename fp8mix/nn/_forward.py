@@ -16,7 +16,7 @@ import logging
 import torch
 
 from .. import ops
-from ..autocast import current_frame, note_module_ran
+from ..context import current_frame, note_module_ran
 from ..formats import Granularity, fp8_dtype
 from . import _casts
 from ._axis import axis_forward

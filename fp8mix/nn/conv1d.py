@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ..autocast import as_bool
+from ..context import as_bool
 from ._forward import fp8_forward
 from .fp8_state import FP8StateMixin
 

@@ -27,13 +27,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..autocast import as_bool, current_frame
+from ..context import as_bool, current_frame
 from ..ops import NormKind
 from ._forward import fp8_forward, frame_for
 from .fp8_state import FP8StateMixin
 from .fused_casts import has_fused_kernels, norm_input_cast
 from .norms import NormSpec, norm_hp, norm_spec
-from .te_compat import TECheckpointMixin, apply_init, params_dtype_of, te_default_init, te_options
+from .te_options import TECheckpointMixin, apply_init, params_dtype_of, te_default_init, te_options
 
 __all__ = ["LayerNormLinear", "fused_path", "norm_parameters"]
 

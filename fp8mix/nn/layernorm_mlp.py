@@ -23,14 +23,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..autocast import as_bool
+from ..context import as_bool
 from ._forward import fp8_forward
 from .activations import act_hp, activation_of
 from .fp8_state import FP8StateMixin
 from .fused_casts import act_input_cast, norm_input_cast
 from .layernorm_linear import fused_path, norm_parameters, reset_norm
 from .norms import NormSpec, norm_hp, norm_spec
-from .te_compat import TECheckpointMixin, apply_init, params_dtype_of, te_default_init, te_options
+from .te_options import TECheckpointMixin, apply_init, params_dtype_of, te_default_init, te_options
 
 __all__ = ["LayerNormMLP"]
 

@@ -25,9 +25,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..autocast import as_bool
+from ..context import as_bool
 from ._forward import fp8_forward
 from .fp8_state import FP8StateMixin
+from .te_options import params_dtype_of, te_options
 
 __all__ = ["Linear", "LinearForward"]
 
@@ -89,8 +90,6 @@ class Linear(FP8StateMixin, LinearForward, nn.Linear):
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None, *,
                  params_dtype: Optional[torch.dtype] = None, init_method: Optional[Callable] = None,
                  return_bias: bool = False, **te_kwargs):
-        from .te_compat import params_dtype_of, te_options  # te_compat imports convert, which imports this
-
         te_options("Linear", te_kwargs)
         as_bool("fp8mix.Linear", "return_bias", return_bias)
         if init_method is not None and not callable(init_method):

@@ -21,7 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..ops import NormKind
-from .te_compat import TECheckpointMixin, params_dtype_of, te_options
+from .te_options import TECheckpointMixin, params_dtype_of, te_options
 
 __all__ = ["LayerNorm", "RMSNorm", "NormSpec", "norm_spec", "norm_hp", "norm_backward"]
 

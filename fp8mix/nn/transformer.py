@@ -35,7 +35,7 @@ from .layernorm_linear import LayerNormLinear
 from .layernorm_mlp import LayerNormMLP
 from .linear import Linear
 from .norms import LayerNorm, RMSNorm
-from .te_compat import TECheckpointMixin, apply_init, te_default_init, te_options
+from .te_options import TECheckpointMixin, apply_init, te_default_init, te_options
 
 __all__ = ["TransformerLayer", "MultiheadAttention", "DotProductAttention"]
 

@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 
 from .. import auto_format
-from ..autocast import fp8_autocast
+from ..context import fp8_autocast
 from ..formats import Format
 from ..nn.fp8_state import FP8_STATE_KEYS
 from ..recipe import ROLES

@@ -17,7 +17,7 @@ def _reset():
     if "fp8mix" not in sys.modules:
         return
     import importlib
-    importlib.import_module("fp8mix.autocast")._state.stack.clear()  # (fp8mix.autocast is also a function)
+    importlib.import_module("fp8mix.context")._state.stack.clear()
     importlib.import_module("fp8mix.ops").set_max_isa("avx512bf16")
 
 

@@ -241,7 +241,7 @@ def test_flags_take_bools_only(bad):
 
 def test_autocast_without_fp8_modules_warns_once(monkeypatch):
     import importlib
-    ac = importlib.import_module("fp8mix.autocast")
+    ac = importlib.import_module("fp8mix.context")
     monkeypatch.setattr(ac, "_ran", [False])
     monkeypatch.setattr(ac, "_warned", [False])
     model = nn.Sequential(nn.Linear(8, 8))

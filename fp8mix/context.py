@@ -3,7 +3,7 @@
 A stack of frames; the innermost wins, ``enabled=False`` turns FP8 off inside.
 Usable as a context manager or a decorator. State is per thread (like
 torch.autocast). Transformer Engine 2.x's spelling ``autocast(enabled, recipe,
-amax_reduction_group)`` is accepted too.
+amax_reduction_group)`` is fp8mix.compat's.
 
 Only training forwards change FP8 state: under ``torch.no_grad()``,
 ``torch.inference_mode()`` or ``module.eval()`` the modules read their scales and write
@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 from .recipe import RECIPES, DelayedScaling
 
-__all__ = ["fp8_autocast", "autocast", "is_fp8_enabled", "get_fp8_recipe", "get_fp8_group", "FP8Frame", "as_bool"]
+__all__ = ["fp8_autocast", "is_fp8_enabled", "get_fp8_recipe", "get_fp8_group", "FP8Frame", "as_bool"]
 
 
 def as_bool(owner: str, name: str, v) -> bool:
@@ -126,10 +126,3 @@ class fp8_autocast(contextlib.ContextDecorator):
                           "FP8; convert the model first (fp8mix.convert_model) or use fp8mix modules "
                           "(warned once per process)", UserWarning, stacklevel=2)
         return False
-
-
-def autocast(enabled: bool = True, recipe=None, amax_reduction_group=None, monitor=None,
-             calibrating: bool = False) -> fp8_autocast:
-    """Transformer Engine 2.x's name and argument spelling for :class:`fp8_autocast`."""
-    return fp8_autocast(enabled=enabled, fp8_recipe=recipe, fp8_group=amax_reduction_group, monitor=monitor,
-                        calibrating=calibrating)
