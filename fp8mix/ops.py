@@ -24,7 +24,8 @@ __all__ = ["cast", "quantize_current", "quantize_mx", "amax", "compute_scale", "
            "MmScale", "cpu_isa", "set_max_isa", "scale_shape", "has_kernels", "NormKind", "Act", "norm_cast",
            "norm_delayed_cast", "act_cast", "act_delayed_cast", "linear_delayed_casts", "linear_current_casts",
            "linear_backward", "direct_ok", "linear_delayed_forward",
-           "linear_current_forward", "CudaHooks", "set_cuda_hooks", "QUANT_STATS_N"]
+           "linear_current_forward", "CudaHooks", "set_cuda_hooks", "QUANT_STATS_N",
+           "delayed_scale_update", "cuda_hw_convert", "cuda_check_scales"]
 
 
 class CudaHooks(Protocol):
@@ -343,3 +344,31 @@ def cpu_isa() -> str:
 def set_max_isa(name: str) -> None:
     """Cap the CPU kernels' instruction set (e.g. 'scalar' to run the portable path); process-wide."""
     _ops.set_max_isa(name)
+
+
+# ---- CUDA builds only -------------------------------------------------------------------
+
+def delayed_scale_update(amax_history: list, amax: list, scale: list, *, fp8_max: list, scale_inv=None, steps=None,
+                         margin: int = 0, power_2_scale: bool = False, algo: str = "max", interval: int = 1) -> None:
+    """Delayed scaling of many tensors in one CUDA kernel (fp8mix_cuda_delayed_update): per
+    tensor i, record amax[i] in amax_history[i] (1-D, a column of an (L, k) buffer is fine)
+    and recompute scale[i] (and scale_inv[i], steps[i] when given) in place."""
+    _ops.delayed_scale_update(amax_history, amax, scale, [] if scale_inv is None else scale_inv,
+                              [] if steps is None else steps, fp8_max, margin, power_2_scale, algo, interval)
+
+
+def cuda_hw_convert(on: Optional[bool] = None) -> bool:
+    """Whether the CUDA casts use the hardware FP8 conversion instructions (sm_89+) where
+    they give the same bytes; with `on`, set it first. Returns the setting in force."""
+    if on is not None:
+        _ops.cuda_set_hw_convert(bool(on))
+    return bool(_ops.cuda_get_hw_convert())
+
+
+def cuda_check_scales(on: Optional[bool] = None) -> bool:
+    """Whether the CUDA ops check their scales on the device (one host sync per call;
+    FP8MIX_CUDA_CHECK_SCALES=1 at start); with `on`, set it first. Returns the setting."""
+    if on is not None:
+        _ops.cuda_set_check_scales(bool(on))
+    return bool(_ops.cuda_get_check_scales())
+
