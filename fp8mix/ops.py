@@ -23,8 +23,7 @@ __all__ = ["cast", "quantize_current", "quantize_mx", "amax", "compute_scale", "
            "delayed_cast", "delayed_record", "delayed_rescale", "delayed_flush", "grad_cast", "DelayedSpec",
            "MmScale", "cpu_isa", "set_max_isa", "scale_shape", "has_kernels", "NormKind", "Act", "norm_cast",
            "norm_delayed_cast", "act_cast", "act_delayed_cast", "linear_delayed_casts", "linear_current_casts",
-           "linear_backward", "direct_ok", "linear_delayed_forward",
-           "linear_current_forward", "CudaHooks", "set_cuda_hooks", "QUANT_STATS_N",
+           "linear_backward", "CudaHooks", "set_cuda_hooks", "QUANT_STATS_N",
            "delayed_scale_update", "cuda_hw_convert", "cuda_check_scales"]
 
 
@@ -124,13 +123,10 @@ def dequantize(q: torch.Tensor, scale_inv: torch.Tensor, *, granularity=Granular
 
 def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, *,
               bias: Optional[torch.Tensor] = None, out_dtype: torch.dtype = torch.float32, accumulate: str = "fp32",
-              promote_interval: int = 128, scale_kinds: Optional[tuple] = None, direct: bool = False) -> torch.Tensor:
+              promote_interval: int = 128, scale_kinds: Optional[tuple] = None) -> torch.Tensor:
     """(a * scale_a) @ (b * scale_b) + bias. scale_kinds: (MmScale, MmScale) when the caller
-    knows the layouts (fp8mix's modules always do); None infers them from the shapes.
-    direct (CPU tensors): see :func:`direct_ok`."""
+    knows the layouts (fp8mix's modules always do); None infers them from the shapes."""
     ka, kb = (-1, -1) if scale_kinds is None else (int(scale_kinds[0]), int(scale_kinds[1]))
-    if direct:
-        return _C.scaled_mm(a, b, scale_a, scale_b, bias, out_dtype, accumulate, promote_interval, ka, kb)
     if not a.is_cuda or torch.compiler.is_compiling():
         return _ops.scaled_mm(a, b, scale_a, scale_b, bias, out_dtype, accumulate, promote_interval, ka, kb)
     _first_cuda_use(a)
@@ -190,62 +186,28 @@ def grad_cast(dy: torch.Tensor, fp8_dtype: torch.dtype, *, plan: Optional[torch.
                           colsum, inf_to_nan, rng, rng_skip)
 
 
-# ---- a linear layer's forward casts in one call (CPU; fewer dispatches per layer) -------
-
-def direct_ok() -> bool:
-    """Whether the CPU ops may be called directly (``direct=True``: fp8mix._C's entry points,
-    the same C++ functions without torch.ops' argument conversion and boxed dispatch, about
-    10 us less per call): in eager mode, outside any TorchDispatchMode and functorch
-    transform — where nothing needs to see the op. The profiler still records it by name.
-    The tensors must be plain CPU tensors (a subclass raises TypeError)."""
-    return (not torch.compiler.is_compiling() and not torch._C._len_torch_dispatch_stack()
-            and torch._C._functorch.peek_interpreter_stack() is None)
-
+# ---- a linear layer's casts, and its backward, in one op each (CPU) --------------------
+# (fp8mix.nn._direct calls the same C++ functions without torch.ops: fp8mix._C's entry points)
 
 def linear_delayed_casts(x: torch.Tensor, w: torch.Tensor, history: torch.Tensor, scale: torch.Tensor,
                          steps: torch.Tensor, pending: torch.Tensor, next_slot: torch.Tensor, *, gemm: int,
                          x_dtype: torch.dtype, w_dtype: torch.dtype, grad_dtype: torch.dtype, spec: DelayedSpec,
-                         record: bool, reserve: bool, transpose: bool = False, inf_to_nan: bool = True,
-                         direct: bool = False):
+                         record: bool, reserve: bool, transpose: bool = False, inf_to_nan: bool = True):
     """delayed_flush of GEMM `gemm`'s grad_output role, then delayed_cast of x (role 3 gemm)
     and of w (3 gemm + 1), as one op with the same results: (xq, xqt, x_scales, x_scale_inv,
-    wq, wqt, w_scales, w_scale_inv, grad_plan, grad_slot). Round to nearest. direct: see
-    :func:`direct_ok`."""
-    op = _C.linear_delayed_casts if direct else _ops.linear_delayed_casts
-    return op(x, w, history, scale, steps, pending, next_slot, gemm, spec.history_len, x_dtype, w_dtype, grad_dtype,
-              spec.margin, spec.power_2_scale, spec.algo, spec.interval, record, reserve, transpose, inf_to_nan)
+    wq, wqt, w_scales, w_scale_inv, grad_plan, grad_slot). Round to nearest."""
+    return _ops.linear_delayed_casts(x, w, history, scale, steps, pending, next_slot, gemm, spec.history_len,
+                                     x_dtype, w_dtype, grad_dtype, spec.margin, spec.power_2_scale, spec.algo,
+                                     spec.interval, record, reserve, transpose, inf_to_nan)
 
 
 def linear_current_casts(x: torch.Tensor, w: torch.Tensor, *, x_dtype: torch.dtype, w_dtype: torch.dtype,
                          margin: int = 0, power_2_scale: bool = False, amax_epsilon: float = 0.0,
-                         transpose: bool = False, inf_to_nan: bool = True, direct: bool = False):
+                         transpose: bool = False, inf_to_nan: bool = True):
     """quantize_current of x and of w (per tensor), as one op with the same results:
-    (xq, xqt, x_scale_inv, x_amax, wq, wqt, w_scale_inv, w_amax). Round to nearest. direct:
-    see :func:`direct_ok`."""
-    op = _C.linear_current_casts if direct else _ops.linear_current_casts
-    return op(x, w, x_dtype, w_dtype, margin, power_2_scale, amax_epsilon, transpose, inf_to_nan)
-
-
-def linear_delayed_forward(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], history: torch.Tensor,
-                           scale: torch.Tensor, steps: torch.Tensor, pending: torch.Tensor, next_slot: torch.Tensor, *,
-                           out_dtype: torch.dtype, gemm: int, x_dtype: torch.dtype, w_dtype: torch.dtype,
-                           grad_dtype: torch.dtype, spec: DelayedSpec, record: bool, reserve: bool):
-    """A Linear's forward (W as (N, K)) in one direct call (CPU, eager: :func:`direct_ok`):
-    :func:`linear_delayed_casts` (no transpose, inf to NaN), then ``scaled_mm(xq, wq.t(),
-    x_scale_inv, w_scale_inv, bias=bias, out_dtype=out_dtype)``; the same results as those
-    ops. Returns (y, xq, x_scales, x_scale_inv, wq, w_scales, w_scale_inv, grad_plan,
-    grad_slot, w_scale): w_scale is w_scales[0] as its own one-element tensor."""
-    return _C.linear_delayed_forward(x, w, bias, out_dtype, history, scale, steps, pending, next_slot, gemm,
-                                     spec.history_len, x_dtype, w_dtype, grad_dtype, spec.margin, spec.power_2_scale,
-                                     spec.algo, spec.interval, record, reserve)
-
-
-def linear_current_forward(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], *, out_dtype: torch.dtype,
-                           x_dtype: torch.dtype, w_dtype: torch.dtype, margin: int = 0, power_2_scale: bool = False,
-                           amax_epsilon: float = 0.0):
-    """:func:`linear_delayed_forward` for current scaling (:func:`linear_current_casts`):
-    (y, xq, x_scale_inv, wq, w_scale_inv, w_amax)."""
-    return _C.linear_current_forward(x, w, bias, out_dtype, x_dtype, w_dtype, margin, power_2_scale, amax_epsilon)
+    (xq, xqt, x_scale_inv, x_amax, wq, wqt, w_scale_inv, w_amax). Round to nearest."""
+    return _ops.linear_current_casts(x, w, x_dtype, w_dtype, margin, power_2_scale, amax_epsilon, transpose,
+                                     inf_to_nan)
 
 
 def linear_backward(dy: torch.Tensor, wq: torch.Tensor, w_scale_inv: torch.Tensor, xq: torch.Tensor,
@@ -254,8 +216,7 @@ def linear_backward(dy: torch.Tensor, wq: torch.Tensor, w_scale_inv: torch.Tenso
                     power_2_scale: bool = False, amax_epsilon: float = 0.0, colsum: bool = False,
                     want_dx: bool = True, want_dw: bool = True, dx_dtype: torch.dtype = torch.float32,
                     dw_dtype: torch.dtype = torch.float32, w_scale: Optional[torch.Tensor] = None,
-                    w_amax: Optional[torch.Tensor] = None, w_fp8_dtype: Optional[torch.dtype] = None,
-                    direct: bool = False):
+                    w_amax: Optional[torch.Tensor] = None, w_fp8_dtype: Optional[torch.dtype] = None):
     """A Linear's backward with per-tensor scales as one op: grad_cast of dy (plan, pending,
     slot as grad_cast takes them), dx = dy W and dW = dy^T x (scaled_mm, W (N, K) and x (M, K)
     in FP8): (dx, dW, colsum, dy's FP8, its scale_inv); dx / dW empty when not wanted.
@@ -263,11 +224,10 @@ def linear_backward(dy: torch.Tensor, wq: torch.Tensor, w_scale_inv: torch.Tenso
     With ``w_scale`` (delayed scaling) or ``w_amax`` (current scaling: the scale
     compute_scale derives from it with margin / power_2_scale / amax_epsilon), ``wq`` is the
     high-precision weight, cast here to ``w_fp8_dtype`` as the forward cast it (round to
-    nearest, saturating, inf to NaN) and freed after dgrad, before dW is allocated. direct:
-    see :func:`direct_ok`."""
-    op = _C.linear_backward if direct else _ops.linear_backward
-    return op(dy, wq, w_scale_inv, xq, x_scale_inv, fp8_dtype, plan, pending, slot, margin, power_2_scale,
-              amax_epsilon, colsum, want_dx, want_dw, dx_dtype, dw_dtype, w_scale, w_amax, w_fp8_dtype)
+    nearest, saturating, inf to NaN) and freed after dgrad, before dW is allocated."""
+    return _ops.linear_backward(dy, wq, w_scale_inv, xq, x_scale_inv, fp8_dtype, plan, pending, slot, margin,
+                                power_2_scale, amax_epsilon, colsum, want_dx, want_dw, dx_dtype, dw_dtype, w_scale,
+                                w_amax, w_fp8_dtype)
 
 
 # ---- fused producer casts: a norm / an activation written as FP8 (csrc/core/norm.c, act.c) ----

@@ -139,13 +139,10 @@ def test_linear_gemms_plan_on_sm90(planlib, recipe, m):
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
 def test_linear_tensor_core_layouts_need_no_transposing_copy(planlib, recipe, monkeypatch):
     """With the operand layouts fp8mix.Linear uses on CUDA (x, W and dy cast with their
-    transposes where a GEMM's B needs them; fp8mix.nn._casts.TN_ON_CPU takes that path on
+    transposes where a GEMM's B needs them; fp8mix.nn._plan.TN_ON_CPU takes that path on
     the CPU), no operand of any GEMM crosses layouts: copies are only zero padding."""
-    if not os.path.exists(os.path.join(os.path.dirname(fp8mix.__file__), "nn", "_casts.py")):
-        pytest.skip("this fp8mix has no tensor-core operand layouts (fp8mix.nn._casts.TN_ON_CPU)")
-    import importlib
-    casts = importlib.import_module("fp8mix.nn._casts")
-    monkeypatch.setattr(casts, "TN_ON_CPU", True)
+    from fp8mix.nn import _plan
+    monkeypatch.setattr(_plan, "TN_ON_CPU", True)
     for m, n, k in ((4096, 4096, 4096), (77, 11008, 4096), (128, 48, 144)):
         _CAPTURED.pop((recipe, m, n, k), None)
         for idx, (a, b, sa, sb, bias_t, out_t) in enumerate(_linear_gemms(recipe, m, n, k)):

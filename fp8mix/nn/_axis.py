@@ -26,7 +26,8 @@ import torch
 from .. import ops
 from ..formats import Format, Granularity, fp8_dtype
 from ..ops import MmScale
-from ._casts import Plan, _sr
+from ._casts import _sr
+from ._plan import StepPlan
 
 __all__ = ["axis_forward"]
 
@@ -67,7 +68,7 @@ def _mm(a, sa, b_rows, sb, gran: Granularity, out_dtype, bias=None, b_gran=None)
     return ops.scaled_mm(a, b_rows.t(), sa, sb, bias=bias, out_dtype=out_dtype, scale_kinds=(ka, kb))
 
 
-def _weight_casts(m, w_oi: torch.Tensor, plan: Plan, is_first_microbatch, want_dgrad: bool):
+def _weight_casts(m, w_oi: torch.Tensor, plan: StepPlan, is_first_microbatch, want_dgrad: bool):
     """(wq, w_sinv) for the forward and (wtq, wt_sinv) for dgrad (None when not wanted):
     W (N, K) along K and W^T (K, N) along N (per tensor under hp_wgrad, as torchao)."""
     recipe, fmt = plan.recipe, plan.fmts[_W]
@@ -92,7 +93,8 @@ def _weight_casts(m, w_oi: torch.Tensor, plan: Plan, is_first_microbatch, want_d
     return (wq, w_sinv), wt
 
 
-def axis_forward(m, x2: torch.Tensor, weight: torch.Tensor, bias, plan: Plan, is_first_microbatch, wants_grad: bool):
+def axis_forward(m, x2: torch.Tensor, weight: torch.Tensor, bias, plan: StepPlan, is_first_microbatch,
+                 wants_grad: bool):
     """The layer's output y2 (M, N) under an along-reduction recipe (x2 (M, K) as given)."""
     recipe = plan.recipe
     in_out = plan.layout == "in_out"
@@ -122,7 +124,7 @@ class AxisLinearFunction(torch.autograd.Function):
     """y = x W^T + b (or x W + b for a Conv1D) from operands cast along each GEMM's K."""
 
     @staticmethod
-    def forward(ctx, x2, weight, bias, xq, x_sinv, wq, w_sinv, wtq, wt_sinv, xs_q, xs_sinv, rng, plan: Plan):
+    def forward(ctx, x2, weight, bias, xq, x_sinv, wq, w_sinv, wtq, wt_sinv, xs_q, xs_sinv, rng, plan: StepPlan):
         gran = plan.recipe.granularity("input")
         y = _mm(xq, x_sinv, wq, w_sinv, gran, plan.out_dtype, bias=bias)
         ctx.save_for_backward(wtq, wt_sinv, xs_q, xs_sinv, rng)
@@ -158,7 +160,7 @@ class AxisLinearFunction(torch.autograd.Function):
         return dx, dw, db, None, None, None, None, None, None, None, None, None, None
 
 
-def _wgrad(dy2, xs_q, xs_sinv, plan: Plan, fmt: Format, gran: Granularity, w_dtype, sr: dict) -> torch.Tensor:
+def _wgrad(dy2, xs_q, xs_sinv, plan: StepPlan, fmt: Format, gran: Granularity, w_dtype, sr: dict) -> torch.Tensor:
     """dW as the weight's layout wants it: dy^T x (N, K), or x^T dy (K, N) for a Conv1D."""
     in_out = plan.layout == "in_out"
     if plan.recipe.hp_wgrad():  # xs_q is the saved high-precision input

@@ -12,160 +12,28 @@ dimension. With ``plan.tn`` (CUDA tensors; TN_ON_CPU makes the CPU take the same
 tests) every cast that feeds a B operand also writes its transpose (one pass, the fused
 cast+transpose), so that every B is a K-contiguous view and cuBLASLt gets no copy.
 
-Every call makes a :class:`Plan`: what the forward decided (recipe, formats, scales,
-stochastic-rounding offsets, whether it records), kept for its backward and, under
-activation checkpointing, for the recompute, which repeats it (``replay``).
-
-Per-layer overhead (a small layer's step is mostly Python and op dispatch): what a call
-asks of its recipe is derived once per recipe object (:class:`RecipeConsts`), and in eager
-mode on the CPU the common case (per-tensor scaling rounded to nearest, no process group,
-no replay) runs x's and W's casts as one op (:func:`one_op_casts`; for a Linear, with the
-forward GEMM: :func:`one_op_forward`) and its backward as one op (fp8mix.nn._function),
-the same kernels in the same order as the separate ops, called directly (fp8mix._C, not
-torch.ops: ``ops.direct_ok``).
+What a call asks of the casts is in its plan (fp8mix.nn._plan.StepPlan); these are the
+separate ops of Path.COMPOSED (any device, recipe, process group, replay), which also serve
+the direct path's backward where it cannot be one op. fp8mix.nn._direct runs the same
+kernels in one call.
 """
 from __future__ import annotations
-
-from typing import Any
 
 import torch
 
 from .. import ops
+from .._op_types import DelayedSpec
 from ..formats import Format, Granularity, fp8_dtype
-from ..ops import DelayedSpec
-from ..recipe import ROLES
+from ._plan import IN as _IN
+from ._plan import G as _G
+from ._plan import StepPlan, fmt_dtype, grad_state, recipe_consts
+from ._plan import W as _W
 
-__all__ = ["Plan", "forward_casts", "cast_input", "cast_weight", "recast_weight", "input_layout", "grad_casts",
-           "delayed_spec", "all_reduce_max", "RecipeConsts", "recipe_consts", "grad_state", "one_op_casts",
-           "one_op_forward"]
+__all__ = ["cast_input", "cast_weight", "recast_weight", "input_layout", "grad_casts",
+           "block_wgrad_cast", "grad_operands", "all_reduce_max", "python_algo_scale"]
 
-_IN, _W, _G = 0, 1, 2
-TN_ON_CPU = False  # tests: run the CPU through the tensor-core operand layouts
 _TENSOR, _BLOCK, _BLOCK2D = Granularity.TENSOR, Granularity.BLOCK, Granularity.BLOCK2D
 _NO_SR: dict = {}
-
-
-class Plan:
-    """What one forward call decided, for its backward (and its checkpoint recompute)."""
-
-    __slots__ = ("recipe", "group", "out_dtype", "fmts", "record", "layout", "tn", "gemm", "x_scales", "w_scales",
-                 "w_cached", "w_recast", "g_plan", "g_slot", "grad_fresh", "rng", "skips", "monitor", "name",
-                 "auto_use", "module", "region", "replayed_by", "backward_done", "consts", "one_op", "dtypes", "eager",
-                 "__weakref__")
-
-    def __init__(self, recipe, group, out_dtype, fmts, record: bool, layout: str, gemm: int = 0, *,
-                 consts: "RecipeConsts | None" = None, dtypes: "tuple | None" = None, eager: bool = True):
-        self.recipe = recipe
-        self.consts = consts if consts is not None else recipe_consts(recipe)  # derived once per recipe
-        self.group = group              # process group amaxes are all-reduced over, or None
-        self.out_dtype = out_dtype
-        self.fmts = fmts                # Format per role
-        if dtypes is None:  # torch dtype per role (None for a role this plan has no format for)
-            dtypes = tuple(None if f is None else fp8_dtype(f) for f in fmts)
-        self.dtypes = dtypes
-        self.eager = eager              # not traced by torch.compile (decided once per forward)
-        self.record = record            # a training forward: records amaxes, its backward too
-        self.layout = layout            # "out_in" (Linear) or "in_out" (Conv1D)
-        self.tn = False                 # operands as FP8 tensor cores read them: every B K-contiguous
-        self.gemm = gemm                # which of the module's GEMMs: its state roles are 3*gemm + 0, 1, 2
-        self.x_scales = None            # delayed: [scale, scale_inv] the input cast used
-        self.w_scales: Any = None       # delayed: ... the weight cast used
-        self.w_cached = None            # (wq, w_sinv) reused from is_first_microbatch=True
-        self.w_recast: Any = None       # backward re-casts W instead of keeping it: ("scale", s) or ("amax", a)
-        self.g_plan = None              # delayed: [grad scale, fresh] for backward
-        self.g_slot = None              # delayed, recording: the pending slot backward fills
-        self.grad_fresh = False         # Python mirror of g_plan[1] (distributed path only)
-        self.rng = None                 # stochastic rounding: [key, offset] at the forward
-        self.skips: dict = {}           # role -> offset of its words from rng's offset
-        self.monitor = None             # a Monitor sampling this step (eager)
-        self.name = ""
-        self.auto_use = -1              # Format.AUTO: the grad_output use backward evaluates
-        self.module = None              # the module (AUTO votes and observers in backward)
-        self.backward_done = False
-        self.one_op = False             # the forward casts run as one op (one_op_casts)
-
-    def role(self, local: int) -> int:
-        """The module-state index of this GEMM's role `local` (0 input, 1 weight, 2 grad_output)."""
-        return 3 * self.gemm + local
-
-
-def _make_spec(recipe) -> DelayedSpec:
-    algo = recipe.amax_compute_algo
-    return DelayedSpec(history_len=recipe.amax_history_len, margin=recipe.margin, power_2_scale=recipe.power_2_scale,
-                       algo=algo if isinstance(algo, str) else "max", interval=recipe.interval)
-
-
-class RecipeConsts:
-    """What every call asks of a recipe, answered once per recipe object (recipes are
-    frozen): a layer's forward and backward read these instead of re-deriving them (a
-    DelayedSpec, formats, granularities) on each call."""
-
-    __slots__ = ("delayed", "fmts", "dtypes", "spec", "stochastic", "eps", "block", "g_block", "kinds", "w_block2d",
-                 "python_algo", "one_op", "w_recastable")
-
-    def __init__(self, recipe):
-        self.delayed = recipe.delayed()
-        # Format.AUTO: each layer's own choice (fp8mix.nn.fp8_state._fmt), not the recipe's
-        self.fmts = None if recipe.fp8_format is Format.AUTO else tuple(recipe.format(r) for r in ROLES)
-        self.dtypes = None if self.fmts is None else tuple(fp8_dtype(f) for f in self.fmts)
-        self.spec = _make_spec(recipe) if self.delayed else None
-        self.python_algo = self.delayed and callable(recipe.amax_compute_algo)
-        self.stochastic = recipe.stochastic()
-        self.eps = float(getattr(recipe, "amax_epsilon", 0.0))
-        self.block = recipe.granularity("input") == _BLOCK  # x in 1x128 tiles (and 128x128 for wgrad)
-        self.g_block = recipe.granularity("grad_output") == _BLOCK
-        mm = ops.MmScale.BLOCK if self.block else ops.MmScale.TENSOR
-        self.kinds = (mm, mm)
-        self.w_block2d = recipe.granularity("weight") == _BLOCK2D
-        self.w_recastable = recipe.granularity("weight") in (_TENSOR, _BLOCK2D)  # backward may cast W again
-        # whether x's and W's casts can be one op (ops.linear_delayed_casts / linear_current_casts)
-        per_tensor = all(recipe.granularity(r) == _TENSOR for r in ROLES) and not recipe.along_reduction()
-        self.one_op = per_tensor and not self.python_algo
-
-
-def recipe_consts(recipe, eager: "bool | None" = None) -> RecipeConsts:
-    """The recipe's RecipeConsts, kept on the recipe object after the first eager call
-    (under torch.compile, built afresh: the trace runs once). eager: the caller's
-    torch.compiler.is_compiling() answer (negated), when it has one."""
-    if eager is None:
-        eager = not torch.compiler.is_compiling()
-    if not eager:
-        return RecipeConsts(recipe)
-    c = recipe.__dict__.get("_fp8mix_consts")
-    if c is None:
-        c = RecipeConsts(recipe)
-        object.__setattr__(recipe, "_fp8mix_consts", c)  # a cache, not a field: eq, hash, pickle ignore it
-    return c
-
-
-def delayed_spec(recipe) -> DelayedSpec:
-    spec = recipe_consts(recipe).spec
-    return spec if spec is not None else _make_spec(recipe)
-
-
-def grad_state(m, gemm: int, eager: "bool | None" = None):
-    """(fp8_grad_pending[gemm], fp8_grad_slot[gemm]): views of the module's buffers, made
-    once per buffer object in eager mode (an index op less per forward and backward).
-    Inference mode and torch.compile index afresh (a view made in inference mode could
-    not be written outside it). eager: the caller's torch.compiler.is_compiling() answer
-    (negated), when it has one."""
-    b = m._buffers
-    pend, slot = b["fp8_grad_pending"], b["fp8_grad_slot"]
-    if eager is None:
-        eager = not torch.compiler.is_compiling()
-    if not eager or torch.is_inference_mode_enabled():
-        return pend[gemm], slot[gemm]
-    c = m.__dict__.get("_fp8_grad_views")
-    if c is None or c[0] is not pend or c[1] is not slot:  # first call, or the buffers were replaced (.to())
-        with torch.no_grad():
-            c = (pend, slot, [(pend[g], slot[g]) for g in range(pend.shape[0])])
-        m.__dict__["_fp8_grad_views"] = c
-    return c[2][gemm]
-
-
-def fmt_dtype(plan: "Plan", role: int) -> torch.dtype:
-    """The torch FP8 dtype of this plan's role `role` (0 input, 1 weight, 2 grad_output)."""
-    return plan.dtypes[role]
 
 
 def all_reduce_max(t: torch.Tensor, group) -> None:
@@ -173,7 +41,7 @@ def all_reduce_max(t: torch.Tensor, group) -> None:
         torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX, group=group)
 
 
-def _sr(plan: Plan, role: int) -> dict:
+def _sr(plan: StepPlan, role: int) -> dict:
     """rng / rng_skip keywords of a cast of `role` (empty: round to nearest)."""
     if not plan.skips:
         return _NO_SR
@@ -198,7 +66,7 @@ def _current(x2, fmt: Format, recipe, gran, group, *, transpose=False, sr=None):
     return q, qt, sinv, am
 
 
-def _delayed(m, t2, role: int, plan: Plan, replay, *, transpose=False):
+def _delayed(m, t2, role: int, plan: StepPlan, replay, *, transpose=False):
     """Delayed-scaling cast of a forward tensor: (q, qt, scales [scale, scale_inv])."""
     fmt, sr = plan.fmts[role], _sr(plan, role)
     if replay is not None:  # a checkpoint recompute: the original forward's scale, no record
@@ -215,7 +83,7 @@ def _delayed(m, t2, role: int, plan: Plan, replay, *, transpose=False):
     return q, qt, scales
 
 
-def _delayed_composed(m, t2, role: int, plan: Plan, spec: DelayedSpec, transpose: bool):
+def _delayed_composed(m, t2, role: int, plan: StepPlan, spec: DelayedSpec, transpose: bool):
     """The delayed cast from its parts, for what one C op cannot do: all-reducing amaxes
     over ranks between the passes, or a Python amax_compute_algo."""
     fmt, sr, group, recipe = plan.fmts[role], _sr(plan, role), plan.group, plan.recipe
@@ -260,75 +128,7 @@ def python_algo_scale(m, role: int, recipe, fmt: Format, before: torch.Tensor) -
     m.fp8_scale[role:role + 1] = torch.where(due, s_algo, base)
 
 
-def one_op_casts(m, x2: torch.Tensor, w: torch.Tensor, plan: Plan, wants_grad: bool, is_first_microbatch):
-    """What cast_input and cast_weight return (and leave in the plan and the weight cache),
-    with delayed scaling's flush of the grad_output role before them (_forward._grad_plan),
-    as one op of the same kernels in the same order: for a plan with ``plan.one_op`` (eager,
-    CPU, per-tensor scaling rounded to nearest, no process group, no replay, W cast now,
-    nothing watching the dispatcher: the op is called directly)."""
-    c, g = plan.consts, plan.gemm
-    w_amax = None
-    if c.delayed:
-        b = m._buffers
-        pending, slot = grad_state(m, g, eager=True)
-        (xq, xqt, plan.x_scales, x_sinv, wq, wqt, plan.w_scales, w_sinv, plan.g_plan,
-         plan.g_slot) = ops.linear_delayed_casts(
-            x2, w, b["fp8_amax_history"], b["fp8_scale"], b["fp8_steps"], pending, slot, gemm=g,
-            x_dtype=fmt_dtype(plan, _IN), w_dtype=fmt_dtype(plan, _W), grad_dtype=fmt_dtype(plan, _G), spec=c.spec,
-            record=plan.record, reserve=plan.record and wants_grad, transpose=plan.tn, direct=True)
-        plan.grad_fresh = m._maybe_fresh[3 * g + 2]
-    else:
-        r = plan.recipe
-        xq, xqt, x_sinv, _, wq, wqt, w_sinv, w_amax = ops.linear_current_casts(
-            x2, w, x_dtype=fmt_dtype(plan, _IN), w_dtype=fmt_dtype(plan, _W), margin=r.margin,
-            power_2_scale=r.power_2_scale, amax_epsilon=c.eps, transpose=plan.tn, direct=True)
-    x_save, x_save_sinv = (xqt, x_sinv) if plan.tn else (None, None)
-    wqt = wqt if plan.tn else None
-    if is_first_microbatch:
-        m._wcache[g] = (_weight_key(m, w, plan), wq, wqt, w_sinv)
-    elif _recasts(m, w, plan):
-        plan.w_recast = ("scale", plan.w_scales[0:1]) if c.delayed else ("amax", w_amax)
-    return xq, x_sinv, x_save, x_save_sinv, wq, wqt, w_sinv
-
-
-def one_op_forward(m, x2: torch.Tensor, w: torch.Tensor, bias, plan: Plan, wants_grad: bool, is_first_microbatch):
-    """:func:`one_op_casts` and the forward GEMM (y = x W^T + bias) in one direct call, for a
-    Linear-shaped plan (out_in, no tensor-core layout) with ``plan.one_op``: (y, xq, x_sinv,
-    wq, w_sinv), with the plan and the weight cache left as one_op_casts leaves them."""
-    c, g = plan.consts, plan.gemm
-    if c.delayed:
-        b = m._buffers
-        pending, slot = grad_state(m, g, eager=True)
-        (y, xq, plan.x_scales, x_sinv, wq, plan.w_scales, w_sinv, plan.g_plan, plan.g_slot,
-         w_scale) = ops.linear_delayed_forward(
-            x2, w, bias, b["fp8_amax_history"], b["fp8_scale"], b["fp8_steps"], pending, slot,
-            out_dtype=plan.out_dtype, gemm=g, x_dtype=fmt_dtype(plan, _IN), w_dtype=fmt_dtype(plan, _W),
-            grad_dtype=fmt_dtype(plan, _G), spec=c.spec, record=plan.record, reserve=plan.record and wants_grad)
-        plan.grad_fresh = m._maybe_fresh[3 * g + 2]
-        recast = ("scale", w_scale)
-    else:
-        r = plan.recipe
-        y, xq, x_sinv, wq, w_sinv, w_amax = ops.linear_current_forward(
-            x2, w, bias, out_dtype=plan.out_dtype, x_dtype=fmt_dtype(plan, _IN), w_dtype=fmt_dtype(plan, _W),
-            margin=r.margin, power_2_scale=r.power_2_scale, amax_epsilon=c.eps)
-        recast = ("amax", w_amax)
-    if is_first_microbatch:
-        m._wcache[g] = (_weight_key(m, w, plan), wq, None, w_sinv)
-    elif _recasts(m, w, plan):
-        plan.w_recast = recast
-    return y, xq, x_sinv, wq, w_sinv
-
-
-def forward_casts(m, x2: torch.Tensor, w: torch.Tensor, plan: Plan, replay, is_first_microbatch):
-    """(xq, x_sinv, x_save, x_save_sinv, wq, wqt, w_sinv): the forward GEMM's operands, what
-    backward keeps of x for wgrad (x_save; None: xq itself) and, for a tensor-core layout
-    (plan.tn), the weight's transpose (else None). See _function for how they are used."""
-    xq, x_sinv, x_save, x_save_sinv = cast_input(m, x2, plan, replay)
-    wq, wqt, w_sinv = cast_weight(m, w, plan, replay, is_first_microbatch)
-    return xq, x_sinv, x_save, x_save_sinv, wq, wqt, w_sinv
-
-
-def input_layout(plan: Plan) -> tuple:
+def input_layout(plan: StepPlan) -> tuple:
     """What a GEMM input cast must produce for this plan: (granularity of xq, whether x's
     transpose is also needed, granularity of the wgrad copy or None when xq (or its
     transpose) serves). Module-specific input casts (a fused norm or activation) follow it."""
@@ -342,7 +142,7 @@ def input_layout(plan: Plan) -> tuple:
     return _TENSOR, plan.tn, None
 
 
-def cast_input(m, x2: torch.Tensor, plan: Plan, replay):
+def cast_input(m, x2: torch.Tensor, plan: StepPlan, replay):
     """(xq, x_sinv, x_save, x_save_sinv): the forward GEMM's A and what backward keeps of x
     for wgrad (None: xq itself). The contract every input cast keeps (see input_layout):
     read-only unless plan.record; a replay's scales when replay is given; infinities to NaN;
@@ -371,13 +171,13 @@ def cast_input(m, x2: torch.Tensor, plan: Plan, replay):
     return xq, x_sinv, x_save, x_save_sinv
 
 
-def _weight_key(m, w: torch.Tensor, plan: Plan):
+def _weight_key(m, w: torch.Tensor, plan: StepPlan):
     r = plan.recipe
     return (type(r), plan.fmts[_W], r.margin, r.power_2_scale, tuple(w.shape), w.dtype, r.rounding_of("weight"),
             plan.tn)
 
 
-def cast_weight(m, w: torch.Tensor, plan: Plan, replay, is_first_microbatch):
+def cast_weight(m, w: torch.Tensor, plan: StepPlan, replay, is_first_microbatch):
     """FP8 weight, its transpose (tn only, else None) and scale_inv. is_first_microbatch:
     None casts every call; True casts and keeps the result; False reuses what the last True
     call kept (Transformer Engine's gradient-accumulation convention)."""
@@ -411,7 +211,7 @@ def cast_weight(m, w: torch.Tensor, plan: Plan, replay, is_first_microbatch):
     return wq, wqt, w_sinv
 
 
-def _recasts(m, w: torch.Tensor, plan: Plan) -> bool:
+def _recasts(m, w: torch.Tensor, plan: StepPlan) -> bool:
     """Whether backward re-casts the weight rather than keeping its FP8 copy from the forward
     to the backward: on the CPU for per-tensor and 128x128-block weight scales (one more cast of W per step,
     a few percent of the step's GEMM time from a few hundred rows up, and no FP8 weight held
@@ -426,7 +226,7 @@ def _recasts(m, w: torch.Tensor, plan: Plan) -> bool:
     return bool(choice) and plan.consts.w_recastable
 
 
-def recast_weight(w: torch.Tensor, plan: Plan):
+def recast_weight(w: torch.Tensor, plan: StepPlan):
     """(wq, wqt): the forward's weight cast again, bit for bit (the same scale, format,
     rounding words and transpose), for a backward that did not keep it (plan.w_recast)."""
     kind, v = plan.w_recast
@@ -439,7 +239,7 @@ def recast_weight(w: torch.Tensor, plan: Plan):
     return wq, (wqt if plan.tn else None)
 
 
-def grad_casts(m, dy2: torch.Tensor, plan: Plan, g_plan, g_slot, rng, want_db: bool, pending=None, *,
+def grad_casts(m, dy2: torch.Tensor, plan: StepPlan, g_plan, g_slot, rng, want_db: bool, pending=None, *,
                wgrad_later: bool = False):
     """grad_output casts: (gq for dgrad, g_sinv, wgrad operand from dy, its scale_inv,
     bias gradient in float32 or None, granularity of gq). Block scaling casts dy twice (the
@@ -465,7 +265,7 @@ def grad_casts(m, dy2: torch.Tensor, plan: Plan, g_plan, g_slot, rng, want_db: b
 _WGRAD_CHUNK_BYTES = 2 << 20  # the high-precision slab block_wgrad_cast copies at a time
 
 
-def block_wgrad_cast(dy2: torch.Tensor, plan: Plan, rng):
+def block_wgrad_cast(dy2: torch.Tensor, plan: StepPlan, rng):
     """Block scaling's wgrad operand from dy and its scale_inv: dy^T in 1x128 tiles along M
     (Linear's A), or dy in 128x128 blocks (Conv1D's B; M-contiguous for tn: its transpose's
     view). Its stochastic rounding words have their own offset (skips[4]): the same bits
@@ -496,7 +296,7 @@ def block_wgrad_cast(dy2: torch.Tensor, plan: Plan, rng):
     return gw, gw_sinv
 
 
-def grad_operands(m, plan: Plan, g_plan, g_slot, pending, eager: "bool | None" = None):
+def grad_operands(m, plan: StepPlan, g_plan, g_slot, pending, eager: "bool | None" = None):
     """grad_cast's fp8_dtype, plan, pending and slot arguments for this backward: delayed
     scaling's plan (else None: current scaling), and, for a recording forward's backward,
     this GEMM's pending amax slot (else None)."""
@@ -509,7 +309,7 @@ def grad_operands(m, plan: Plan, g_plan, g_slot, pending, eager: "bool | None" =
     return fmt_dtype(plan, _G), (g_plan if c.delayed else None), pending, (g_slot if pending is not None else None)
 
 
-def _wgrad_dy(gq, gqt, plan: Plan):
+def _wgrad_dy(gq, gqt, plan: StepPlan):
     """dy as wgrad's operand: A = dy^T (out_in: the C GEMM reads dy's transposed view in
     place; tn: the cast's transpose); B = dy, or for tn the M-contiguous view of dy^T (in_out)."""
     if plan.layout == "out_in":
@@ -517,7 +317,7 @@ def _wgrad_dy(gq, gqt, plan: Plan):
     return gqt.t() if plan.tn else gq
 
 
-def _grad_casts_distributed(m, dy2, plan: Plan, g_plan, g_slot, sr: dict, want_db: bool, pending):
+def _grad_casts_distributed(m, dy2, plan: StepPlan, g_plan, g_slot, sr: dict, want_db: bool, pending):
     """grad_casts from parts, with the amax all-reduced over the ranks: for current
     scaling (and a role's first use) before the cast, for delayed scaling after it, so that
     the pending amax (what the next forward records) is the same on every rank."""

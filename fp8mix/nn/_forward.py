@@ -18,14 +18,15 @@ import torch
 from .. import ops
 from ..context import current_frame, note_module_ran
 from ..formats import Granularity, fp8_dtype
-from . import _casts
+from . import _direct, _plan
 from ._axis import axis_forward
-from ._casts import Plan, all_reduce_max, cast_input, cast_weight, delayed_spec, input_layout, python_algo_scale
-from ._function import FP8LinearFunction, apply_direct
+from ._casts import all_reduce_max, cast_input, cast_weight, input_layout, python_algo_scale
+from ._function import FP8LinearFunction, apply_fused
+from ._plan import Operands, Path, StepPlan, delayed_spec, fmt_dtype, grad_state, recipe_consts
 from .observe import auto_forward, monitor_forward
 from .recompute import in_recompute, under_saved_tensor_hooks
 
-__all__ = ["fp8_forward", "reduce_group", "hp_out_dtype"]
+__all__ = ["fp8_forward", "make_plan", "reduce_group", "hp_out_dtype"]
 
 log = logging.getLogger("fp8mix")
 _HP = (torch.float32, torch.bfloat16, torch.float16)
@@ -86,7 +87,7 @@ def _round4(n: int) -> int:
     return -(-n // 4) * 4
 
 
-def _plan_rounding(m, plan: Plan, rows: int, in_f: int, out_f: int, weight_cast: bool, wants_grad: bool,
+def _plan_rounding(m, plan: StepPlan, rows: int, in_f: int, out_f: int, weight_cast: bool, wants_grad: bool,
                    grad_if_training: bool) -> None:
     """Stochastic rounding: the random words of this call's casts, from the layer's stream
     (fp8_rng [key, offset]), reserved by the forward for its backward too. A training
@@ -124,17 +125,17 @@ def _plan_rounding(m, plan: Plan, rows: int, in_f: int, out_f: int, weight_cast:
     m.__dict__["_fp8_ro_words"] = before + off
 
 
-def _grad_plan(m, plan: Plan, wants_grad: bool) -> None:
+def _grad_plan(m, plan: StepPlan, wants_grad: bool) -> None:
     """Delayed scaling: record the grad_output amaxes earlier backwards left (training
     forwards only), and take the scale and slot this call's backward uses."""
     recipe, g = plan.recipe, plan.gemm
     if plan.consts.python_algo and plan.record:
         _flush_python_algo(m, recipe, plan.fmts[2], g)
     b = m._buffers
-    pending, slot = _casts.grad_state(m, g, eager=plan.eager)
+    pending, slot = grad_state(m, g, eager=plan.eager)
     plan.g_plan, plan.g_slot = ops.delayed_flush(
         b["fp8_amax_history"], b["fp8_scale"], b["fp8_steps"], pending, slot, role=3 * g + 2,
-        fp8_dtype=_casts.fmt_dtype(plan, 2), spec=plan.consts.spec, record=plan.record,
+        fp8_dtype=fmt_dtype(plan, 2), spec=plan.consts.spec, record=plan.record,
         reserve=plan.record and wants_grad)
     plan.grad_fresh = m._maybe_fresh[3 * g + 2]
 
@@ -184,29 +185,26 @@ def fp8_forward(m, x: torch.Tensor, weight: torch.Tensor, bias, *, layout: str, 
         return hp_forward(x)
     x2 = x if x.dim() == 2 else x.reshape(-1, in_features)
     wants_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
-    # (tensor subclasses — DTensor, wrapper subclasses — dispatch through torch.ops as before:
-    # the one-op path calls the ops directly)
-    one_op_ok = (input_cast is None and is_first_microbatch is not False and x2.is_cpu and type(x2) is torch.Tensor
+    # (tensor subclasses — DTensor, wrapper subclasses — dispatch through torch.ops: the
+    # direct path calls the ops without the dispatcher)
+    direct_ok = (input_cast is None and is_first_microbatch is not False and x2.is_cpu and type(x2) is torch.Tensor
                  and type(weight) in _PLAIN and (bias is None or type(bias) in _PLAIN))
-    plan = _make_plan(m, x2, weight, frame, replay, recompute, layout, is_first_microbatch, wants_grad,
-                      hp_out_dtype(x, weight.dtype), gemm, one_op_ok, eager=eager)
-    if plan.recipe.along_reduction():
+    plan = make_plan(m, x2, weight, frame, replay, recompute, layout, is_first_microbatch, wants_grad,
+                     hp_out_dtype(x, weight.dtype), gemm, direct_ok, eager=eager)
+    path = plan.path
+    if path is Path.AXIS:
         if input_cast is not None:
             input_layout(plan)  # raises: the fused producer casts have no along-reduction layout
-        if plan.record and wants_grad and not recompute and eager and under_saved_tensor_hooks(eager=True):
-            m._replay[gemm].push(plan)
+        _keep_for_recompute(m, plan, gemm, wants_grad, recompute, eager)
         y2 = axis_forward(m, x2, weight, bias, plan, is_first_microbatch, wants_grad)
         return y2 if x2 is x else y2.reshape(*x.shape[:-1], out_features)
-    if plan.one_op and plan.layout == "out_in" and not plan.tn and plan.monitor is None:
-        # a Linear's casts and forward GEMM in one call, inside the autograd function
-        if plan.record and wants_grad and not recompute and eager and under_saved_tensor_hooks(eager=True):
-            m._replay[gemm].push(plan)  # a checkpoint may recompute this forward: it will repeat this plan
-        pending = m._buffers["fp8_grad_pending"] if (plan.record and plan.consts.delayed) else None
-        y2 = apply_direct(x2, weight, bias, (None, wants_grad, is_first_microbatch, pending), plan)
+    pending = m._buffers["fp8_grad_pending"] if (plan.record and plan.consts.delayed) else None
+    if path is Path.FUSED:  # the casts and the forward GEMM in one call, inside the autograd function
+        _keep_for_recompute(m, plan, gemm, wants_grad, recompute, eager)
+        y2 = apply_fused(x2, weight, bias, plan, pending)
         return y2 if x2 is x else y2.reshape(*x.shape[:-1], out_features)
-    if plan.one_op:  # one op on detached tensors: nothing to keep out of autograd, no no_grad() needed
-        xq, x_sinv, x_save, x_save_sinv, wq, wqt, w_sinv = _casts.one_op_casts(
-            m, x2.detach(), weight.detach(), plan, wants_grad, is_first_microbatch)
+    if path is Path.ONE_OP:  # one call on detached tensors: nothing to keep out of autograd, no no_grad() needed
+        fp8 = _direct.casts(m, x2.detach(), weight.detach(), plan, wants_grad, is_first_microbatch, pending)
     else:
         with torch.no_grad():
             if input_cast is None:
@@ -215,23 +213,28 @@ def fp8_forward(m, x: torch.Tensor, weight: torch.Tensor, bias, *, layout: str, 
                 with torch.enable_grad():
                     x2, xq, x_sinv, x_save, x_save_sinv = input_cast(m, x2, plan, replay)
             wq, wqt, w_sinv = cast_weight(m, weight.detach(), plan, replay, is_first_microbatch)
+        fp8 = Operands(xq, x_sinv, x_save, x_save_sinv, wq, wqt, w_sinv, pending)
     if plan.monitor is not None:
         with torch.no_grad():
-            monitor_forward(m, plan, x2.detach(), xq, x_sinv, wq, w_sinv, is_first_microbatch is not False)
-    if plan.record and wants_grad and not recompute and eager and under_saved_tensor_hooks(eager=True):
-        m._replay[gemm].push(plan)  # a checkpoint may recompute this forward: it will repeat this plan
-    pending = m._buffers["fp8_grad_pending"] if (plan.record and plan.consts.delayed) else None
-    fp8 = (xq, x_sinv, x_save, x_save_sinv, wq, wqt, w_sinv, plan.g_plan, plan.g_slot, pending, plan.rng)
+            monitor_forward(m, plan, x2.detach(), fp8.xq, fp8.x_sinv, fp8.wq, fp8.w_sinv,
+                            is_first_microbatch is not False)
+    _keep_for_recompute(m, plan, gemm, wants_grad, recompute, eager)
     y2 = FP8LinearFunction.apply(x2, weight, bias, fp8, plan)
     return y2 if x2 is x else y2.reshape(*x.shape[:-1], out_features)
 
 
-def _make_plan(m, x2, weight, frame, replay, recompute: bool, layout: str, is_first_microbatch, wants_grad: bool,
-               out_dtype, gemm: int, one_op_ok: bool = False, *, eager: bool) -> Plan:
-    """This call's decisions: a replay's, or the recipe's with the module's FP8 state (a
-    training forward records; anything else only reads). one_op_ok: the caller's part of
-    whether the forward casts may run as one op (plan.one_op; then the delayed flush runs
-    inside it, not here). eager: not traced by torch.compile."""
+def _keep_for_recompute(m, plan: StepPlan, gemm: int, wants_grad: bool, recompute: bool, eager: bool) -> None:
+    """A training forward that a checkpoint may recompute: the recompute will repeat this plan."""
+    if plan.record and wants_grad and not recompute and eager and under_saved_tensor_hooks(eager=True):
+        m._replay[gemm].push(plan)
+
+
+def make_plan(m, x2, weight, frame, replay, recompute: bool, layout: str, is_first_microbatch, wants_grad: bool,
+              out_dtype, gemm: int, direct_ok: bool = False, *, eager: bool) -> StepPlan:
+    """This call's decisions, its Path among them: a replay's, or the recipe's with the
+    module's FP8 state (a training forward records; anything else only reads). direct_ok:
+    the caller's part of whether the direct path may run it (then the delayed flush runs
+    inside the direct call, not here). eager: not traced by torch.compile."""
     weight_cast = is_first_microbatch is not False
     if replay is not None:
         recipe, group, monitor, record = replay.recipe, replay.group, None, False
@@ -243,7 +246,7 @@ def _make_plan(m, x2, weight, frame, replay, recompute: bool, layout: str, is_fi
             m._nograd_frame = frame  # for a reentrant checkpoint's recompute of this forward
         elif not recompute and m._nograd_frame is not None:  # (nn.Module.__setattr__ costs a microsecond)
             m._nograd_frame = None
-    consts = _casts.recipe_consts(recipe, eager=eager)
+    consts = recipe_consts(recipe, eager=eager)
     auto_use = -1
     if replay is None and consts.fmts is None and eager and record:  # Format.AUTO
         auto_use = auto_forward(m, x2.detach(), weight.detach(), recipe, monitor, wants_grad, weight_cast, gemm)
@@ -254,9 +257,12 @@ def _make_plan(m, x2, weight, frame, replay, recompute: bool, layout: str, is_fi
         fmts, dtypes = list(consts.fmts), consts.dtypes
     else:
         fmts = [m._fmt(recipe, 3 * gemm + r) for r in range(3)]
-    plan = Plan(recipe, group, out_dtype, fmts, record, layout, gemm, consts=consts, dtypes=dtypes, eager=eager)
+    plan = StepPlan(recipe, group, out_dtype, fmts, record, layout, gemm, consts=consts, dtypes=dtypes, eager=eager)
     plan.module, plan.auto_use = m, auto_use
-    plan.tn = x2.is_cuda or _casts.TN_ON_CPU
+    plan.wants_grad, plan.first_microbatch = wants_grad, is_first_microbatch
+    plan.tn = x2.is_cuda or _plan.TN_ON_CPU
+    if recipe.along_reduction():
+        plan.path = Path.AXIS
     if replay is not None:
         plan.rng, plan.skips = replay.rng, replay.skips
         plan.g_plan, plan.g_slot, plan.grad_fresh = replay.g_plan, replay.g_slot, replay.grad_fresh
@@ -265,14 +271,17 @@ def _make_plan(m, x2, weight, frame, replay, recompute: bool, layout: str, is_fi
                        grad_if_training=x2.requires_grad or weight.requires_grad)
         # Under a TorchDispatchMode (an op counter, FakeTensorMode, a debugger) the separate ops
         # run, as on a GPU: what such a mode observes does not depend on the device. Otherwise
-        # the one-op path calls the ops directly (ops.direct_ok), without torch.ops' dispatch.
-        plan.one_op = one_op_ok and eager and consts.one_op and group is None and not plan.skips and ops.direct_ok()
+        # the direct path calls the ops without torch.ops' dispatch (_direct.direct_ok).
+        if direct_ok and eager and consts.one_op and group is None and not plan.skips and _direct.direct_ok():
+            plan.path = Path.ONE_OP
         if consts.delayed:
             m._ensure_history(consts.spec.history_len)
-            if not plan.one_op:
+            if not plan.direct:
                 _grad_plan(m, plan, wants_grad)
     if monitor is not None and eager and record and monitor.sampling:
         plan.monitor, plan.name = monitor, m._fp8_label()
+    if plan.path is Path.ONE_OP and layout == "out_in" and not plan.tn and plan.monitor is None:
+        plan.path = Path.FUSED
     return plan
 
 

@@ -19,19 +19,21 @@ from __future__ import annotations
 
 import torch
 
-from .. import grad_stats, ops
+from .. import ops
 from ..formats import Granularity
-from ._casts import _W, Plan, block_wgrad_cast, fmt_dtype, grad_casts, grad_operands, one_op_forward, recast_weight
+from . import _direct
+from ._casts import block_wgrad_cast, grad_casts, recast_weight
+from ._plan import Operands, Path, StepPlan
 from .observe import observe_grad
 
-__all__ = ["FP8LinearFunction", "apply_direct"]
+__all__ = ["FP8LinearFunction", "FusedLinearFunction", "apply_fused"]
 
-def _block_t(s: torch.Tensor, plan: Plan) -> torch.Tensor:
+def _block_t(s: torch.Tensor, plan: StepPlan) -> torch.Tensor:
     """A 128x128-block weight scale as the other GEMM operand layout needs it."""
     return s.t().contiguous() if plan.consts.w_block2d else s
 
 
-def _weight_operand(wq, wqt, w_sinv, plan: Plan, *, dgrad: bool):
+def _weight_operand(wq, wqt, w_sinv, plan: StepPlan, *, dgrad: bool):
     """The weight as B of the forward GEMM (W^T for a Linear, W for in_out) or of dgrad (W
     for a Linear, W^T for in_out), with its scale in B's [k-block][n-block] layout. The C
     GEMM reads a row-major B; with plan.tn every B is a K-contiguous view (of W or of
@@ -45,36 +47,20 @@ def _weight_operand(wq, wqt, w_sinv, plan: Plan, *, dgrad: bool):
 
 
 class FP8LinearFunction(torch.autograd.Function):
-    """y = x W^T + b (W as (N, K)) or x W + b (W as (K, N), layout "in_out")."""
+    """y = x W^T + b (W as (N, K)) or x W + b (W as (K, N), layout "in_out"), from operands
+    cast before apply() (Path.COMPOSED and ONE_OP)."""
 
     @staticmethod
-    def forward(ctx, x2, weight, bias, fp8: tuple, plan: Plan):
-        # fp8: the FP8 operands and state (none of them requires grad) as one argument, not
-        # eleven: autograd.Function.apply's cost grows with its argument count. Or, for a
-        # Linear's one-op plan, (None, wants_grad, is_first_microbatch, pending): the casts
-        # run here, with the GEMM, in one call (one_op_forward)
-        if fp8[0] is None:
-            _, wants_grad, first, pending = fp8
-            y, xq, x_sinv, wq, w_sinv = one_op_forward(plan.module, x2, weight, bias, plan, wants_grad, first)
-            x_save = x_save_sinv = wqt = rng = None
-            g_plan, g_slot = plan.g_plan, plan.g_slot
+    def forward(ctx, x2, weight, bias, fp8: Operands, plan: StepPlan):
+        # (the operands as one argument: autograd.Function.apply's cost grows with its count)
+        b, sb = _weight_operand(fp8.wq, fp8.wqt, fp8.w_sinv, plan, dgrad=False)
+        if plan.path is Path.ONE_OP:
+            y = _direct.scaled_mm(fp8.xq, b, fp8.x_sinv, sb, bias=bias, out_dtype=plan.out_dtype)
         else:
-            xq, x_sinv, x_save, x_save_sinv, wq, wqt, w_sinv, g_plan, g_slot, pending, rng = fp8
-            b, sb = _weight_operand(wq, wqt, w_sinv, plan, dgrad=False)
-            y = ops.scaled_mm(xq, b, x_sinv, sb, bias=bias, out_dtype=plan.out_dtype, scale_kinds=plan.consts.kinds,
-                              direct=plan.one_op)
-        if x_save is None:  # per-tensor recipes keep the forward's FP8 x itself (in_out: as x^T, a view)
-            x_save, x_save_sinv = (xq.t() if plan.layout == "in_out" else xq), x_sinv
-        if plan.w_recast is not None:  # backward casts W again: keep the weight, not its FP8 copy
-            wq, wqt = weight, None
-        ctx.save_for_backward(x_save, x_save_sinv, wq, wqt, w_sinv, g_plan, g_slot, rng)
-        ctx.plan = plan
-        ctx.pending = pending  # a buffer: backward leaves its amax there (mutated in place)
-        ctx.x_dtype = x2.dtype
-        ctx.bias_dtype = bias.dtype if bias is not None else None
-        ctx.w_dtype = weight.dtype
-        if plan.eager:
-            ctx.weight = weight  # the Parameter itself, for a double backward's graph
+            y = ops.scaled_mm(fp8.xq, b, fp8.x_sinv, sb, bias=bias, out_dtype=plan.out_dtype,
+                              scale_kinds=plan.consts.kinds)
+        _save(ctx, x2, weight, bias, plan, fp8.xq, fp8.x_sinv, fp8.x_save, fp8.x_save_sinv, fp8.wq, fp8.wqt,
+              fp8.w_sinv, fp8.pending)
         return y
 
     @staticmethod
@@ -86,8 +72,8 @@ class FP8LinearFunction(torch.autograd.Function):
             plan.backward_done = True  # (checkpoint replay bookkeeping, eager only)
         dy2 = dy if dy.dtype in (torch.float32, torch.bfloat16, torch.float16) else dy.float()
         want_db = ctx.bias_dtype is not None and ctx.needs_input_grad[2]
-        if plan.one_op and plan.layout == "out_in" and not plan.tn and not torch.is_grad_enabled():
-            return _one_op_backward(ctx, plan, dy2, x_save, x_sinv, wq, w_sinv, g_plan, g_slot, want_db, eager)
+        if plan.direct_backward and not torch.is_grad_enabled():
+            return _direct.backward(ctx, plan, dy2, x_save, x_sinv, wq, w_sinv, g_plan, g_slot, want_db, eager)
         if plan.w_recast is not None:
             with torch.no_grad():
                 wq, wqt = recast_weight(wq.detach(), plan)
@@ -119,43 +105,49 @@ class FP8LinearFunction(torch.autograd.Function):
         return dx, dw, db, None, None
 
 
+def _save(ctx, x2, weight, bias, plan: StepPlan, xq, x_sinv, x_save, x_save_sinv, wq, wqt, w_sinv, pending):
+    """What backward needs: the FP8 x (per-tensor recipes: the forward's xq; in_out: as x^T,
+    a view), the weight (its FP8 copy, or the weight itself when backward casts it again),
+    the grad_output plan and slot, the stochastic-rounding stream."""
+    if x_save is None:
+        x_save, x_save_sinv = (xq.t() if plan.layout == "in_out" else xq), x_sinv
+    if plan.w_recast is not None:  # backward casts W again: keep the weight, not its FP8 copy
+        wq, wqt = weight, None
+    ctx.save_for_backward(x_save, x_save_sinv, wq, wqt, w_sinv, plan.g_plan, plan.g_slot, plan.rng)
+    ctx.plan = plan
+    ctx.pending = pending  # a buffer: backward leaves its amax there (mutated in place)
+    ctx.x_dtype = x2.dtype
+    ctx.bias_dtype = bias.dtype if bias is not None else None
+    ctx.w_dtype = weight.dtype
+    if plan.eager:
+        ctx.weight = weight  # the Parameter itself, for a double backward's graph
+
+
+class FusedLinearFunction(FP8LinearFunction):
+    """Path.FUSED: a Linear whose casts run here, with the forward GEMM, in one direct call
+    (fp8mix.nn._direct.forward); the same backward."""
+
+    @staticmethod
+    def forward(ctx, x2, weight, bias, plan: StepPlan, pending):  # type: ignore[override]
+        y, xq, x_sinv, wq, w_sinv = _direct.forward(plan.module, x2, weight, bias, plan, plan.wants_grad,
+                                                    plan.first_microbatch)
+        _save(ctx, x2, weight, bias, plan, xq, x_sinv, None, None, wq, None, w_sinv, pending)
+        return y
+
+
 def _c_apply():
-    """FP8LinearFunction.apply without torch's Python prologue (functorch's dead-wrapper
+    """FusedLinearFunction.apply without torch's Python prologue (functorch's dead-wrapper
     unwrapping, setup_context's argument binding: neither applies to this function outside
-    functorch transforms), ~3 us less per call; for callers that checked ops.direct_ok().
-    torch.autograd.Function.apply calls the same C method after that prologue."""
+    functorch transforms), ~3 us less per call; Path.FUSED holds only where
+    _direct.direct_ok(). torch.autograd.Function.apply calls the same C method after that
+    prologue."""
     try:
-        return torch._C._FunctionBase.__dict__["apply"].__get__(None, FP8LinearFunction)
+        return torch._C._FunctionBase.__dict__["apply"].__get__(None, FusedLinearFunction)
     except (AttributeError, KeyError, TypeError):  # a torch without it: the public path
-        return FP8LinearFunction.apply
+        return FusedLinearFunction.apply
 
 
-apply_direct = _c_apply()
-
-
-def _one_op_backward(ctx, plan: Plan, dy2, x_save, x_sinv, wq, w_sinv, g_plan, g_slot, want_db: bool, eager: bool):
-    """backward's common case as one op (ops.linear_backward: grad_cast, dgrad, wgrad, the
-    same calls in the same order): a Linear whose forward casts were one op (plan.one_op:
-    eager, CPU, per-tensor, no process group, no stochastic rounding), without a graph."""
-    fdt, gp, pending, slot = grad_operands(plan.module, plan, g_plan, g_slot, ctx.pending, eager=eager)
-    r, c = plan.recipe, plan.consts
-    recast = {}
-    direct = ops.direct_ok()
-    if plan.w_recast is not None:  # wq is the weight: the op casts it again and frees it before dW
-        kind, v = plan.w_recast
-        recast = {"w_scale" if kind == "scale" else "w_amax": v, "w_fp8_dtype": fmt_dtype(plan, _W)}
-        if not direct:  # (torch.ops' autograd fallback would see the Parameter; the direct call reads its data)
-            wq = wq.detach()
-    dx, dw, db, gq, g_sinv = ops.linear_backward(
-        dy2, wq, w_sinv, x_save, x_sinv, fp8_dtype=fdt, plan=gp, pending=pending, slot=slot, margin=r.margin,
-        power_2_scale=r.power_2_scale, amax_epsilon=c.eps, colsum=want_db, want_dx=ctx.needs_input_grad[0],
-        want_dw=ctx.needs_input_grad[1], dx_dtype=ctx.x_dtype, dw_dtype=ctx.w_dtype, direct=direct, **recast)
-    if plan.record and (plan.monitor is not None or plan.auto_use >= 0 or grad_stats.enabled()):
-        observe_grad(plan, dy2, gq, g_sinv, Granularity.TENSOR)  # (the checks observe_grad makes, inlined)
-    db = db if want_db else None
-    if db is not None and ctx.bias_dtype != torch.float32:
-        db = db.to(ctx.bias_dtype)
-    return (dx if ctx.needs_input_grad[0] else None), (dw if ctx.needs_input_grad[1] else None), db, None, None
+apply_fused = _c_apply()
 
 
 def _engine_wants(t) -> bool:

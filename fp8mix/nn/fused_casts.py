@@ -24,7 +24,8 @@ import torch
 
 from .. import ops
 from ..formats import Granularity, fp8_dtype
-from ._casts import Plan, _sr, all_reduce_max, delayed_spec, input_layout, python_algo_scale
+from ._casts import _sr, all_reduce_max, input_layout, python_algo_scale
+from ._plan import StepPlan, delayed_spec
 from .activations import act_backward
 from .norms import NormSpec, norm_backward
 
@@ -103,7 +104,7 @@ def _current(src, fmt, recipe, gran, group, *, transpose=False, sr=None, hp=None
     return q, qt, sinv, out
 
 
-def _delayed(m, src, plan: Plan, replay, *, transpose: bool, hp):
+def _delayed(m, src, plan: StepPlan, replay, *, transpose: bool, hp):
     """Delayed-scaling cast of the values (the GEMM's input role): (q, qt, scales, hp)."""
     fmt, sr = plan.fmts[_IN], _sr(plan, _IN)
     if replay is not None:  # a checkpoint recompute: the original forward's scale, no record
@@ -134,7 +135,7 @@ def _delayed(m, src, plan: Plan, replay, *, transpose: bool, hp):
     return q, qt, scales, out
 
 
-def fused_input_cast(m, src, plan: Plan, replay, *, want_hp: bool):
+def fused_input_cast(m, src, plan: StepPlan, replay, *, want_hp: bool):
     """(xq, x_sinv, x_save, x_save_sinv, hp): cast_input's results for the source's values
     (the module's layout is "out_in"), and their high-precision copy (None unless want_hp)."""
     recipe = plan.recipe
@@ -217,7 +218,7 @@ def _tracked(*tensors) -> bool:
     return not torch.is_inference_mode_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
-def _finish(out, xq, x_sinv, x_save, x_save_sinv, plan: Plan):
+def _finish(out, xq, x_sinv, x_save, x_save_sinv, plan: StepPlan):
     has_save = input_layout(plan)[0] == Granularity.BLOCK or input_layout(plan)[1]
     return out, xq, x_sinv, (x_save if has_save else None), (x_save_sinv if has_save else None)
 

@@ -14,7 +14,7 @@ import torch
 from .. import auto_format, grad_stats, ops
 from ..formats import Granularity, fp8_dtype
 from ..recipe import ROLES
-from ._casts import delayed_spec
+from ._plan import delayed_spec
 
 __all__ = ["observe_grad", "monitor_forward", "auto_forward"]
 

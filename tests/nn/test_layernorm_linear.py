@@ -31,7 +31,7 @@ from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 import fp8mix
 from fp8mix import ops
-from fp8mix.nn import _casts
+from fp8mix.nn import _plan
 from fp8mix.recipe import BlockScaling, CurrentScaling, DelayedScaling
 
 RECIPES = {
@@ -323,7 +323,7 @@ def test_evaluation_leaves_the_state(recipe):
 def test_tensor_core_layouts_and_isas_give_the_same_bits(recipe, monkeypatch):
     base = make(160, 144)
     ref, ref_state = _steps(copy.deepcopy(base), SR_RECIPES[recipe]())
-    monkeypatch.setattr(_casts, "TN_ON_CPU", True)
+    monkeypatch.setattr(_plan, "TN_ON_CPU", True)
     ops.set_max_isa("scalar")
     got, got_state = _steps(copy.deepcopy(base), SR_RECIPES[recipe]())
     for (y0, x0, g0), (y1, x1, g1) in zip(ref, got):

@@ -16,8 +16,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import fp8mix
-from fp8mix import ops
-from fp8mix.nn import _casts
+from fp8mix import _C, ops
+from fp8mix.nn import _direct, _plan
 from fp8mix.recipe import CurrentScaling, DelayedScaling
 
 E4, E5 = torch.float8_e4m3fn, torch.float8_e5m2
@@ -174,10 +174,26 @@ class _Ops(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+class _DirectCalls:
+    """fp8mix._C as fp8mix.nn._direct sees it, each direct call counted."""
+
+    def __init__(self, count: "_Count"):
+        self._count = count
+
+    def __getattr__(self, name):
+        f = getattr(_C, name)
+
+        def call(*args):
+            self._count.names.append(name)
+            self._count.direct.append(name)
+            return f(*args)
+        return call
+
+
 class _Count:
     """Counts the fp8mix ops a step runs without a TorchDispatchMode (which would select the
     separate ops: fp8mix.nn._forward runs those under any dispatch mode), and which of them
-    were called directly (fp8mix._C, not torch.ops)."""
+    were called directly (fp8mix._C through fp8mix.nn._direct, not torch.ops)."""
 
     def __init__(self):
         self.names: list = []
@@ -186,23 +202,23 @@ class _Count:
 
     def __enter__(self):
         for name in ("linear_delayed_casts", "linear_current_casts", "linear_backward", "scaled_mm", "grad_cast",
-                     "delayed_cast", "delayed_flush", "quantize_current", "linear_delayed_forward",
-                     "linear_current_forward"):
+                     "delayed_cast", "delayed_flush", "quantize_current"):
             self._orig[name] = getattr(ops, name)
             setattr(ops, name, self._counting(name, self._orig[name]))
+        self._c = _direct._C
+        _direct._C = _DirectCalls(self)
         return self
 
     def _counting(self, name, f):
         def call(*args, **kwargs):
             self.names.append(name)
-            if kwargs.get("direct") or name.endswith("_forward"):  # (the *_forward calls are always direct)
-                self.direct.append(name)
             return f(*args, **kwargs)
         return call
 
     def __exit__(self, *exc):
         for name, f in self._orig.items():
             setattr(ops, name, f)
+        _direct._C = self._c
 
 
 def test_a_dispatch_mode_sees_the_separate_ops():
@@ -217,7 +233,7 @@ def test_a_dispatch_mode_sees_the_separate_ops():
 def _train(recipe, *, one_op: bool, steps=4):
     """A few training steps of one Linear (with gradient accumulation in the last), returning
     everything a step leaves: outputs, gradients, FP8 state, and the ops the last step ran."""
-    _casts.recipe_consts(recipe).one_op = one_op  # the cached per-recipe answer: off forces the separate ops
+    _plan.recipe_consts(recipe).one_op = one_op  # the cached per-recipe answer: off forces the separate ops
     torch.manual_seed(0)
     lin = fp8mix.Linear(48, 40)
     out = []
@@ -260,14 +276,15 @@ def test_linear_through_one_op_equals_the_separate_ops(recipe_cls):
 
 # ---- the direct calls (fp8mix._C): the ops' CPU functions without torch.ops ------------
 
-def _direct_and_op(name, args, kwargs, mutated=()):
-    """Runs the op both ways on separate copies of the mutated state; returns both results
-    and both copies of the state."""
+def _direct_and_op(name, args, mutated=()):
+    """Runs fp8mix._C.<name> and torch.ops.fp8mix.<name> (the same positional arguments, in
+    the schema's order) on separate copies of the mutated state; returns both results and
+    both copies of the state."""
     a_args, b_args = list(args), list(args)
     for i in mutated:
         a_args[i], b_args[i] = args[i].clone(), args[i].clone()
-    got = getattr(ops, name)(*a_args, **kwargs, direct=True)
-    exp = getattr(ops, name)(*b_args, **kwargs)
+    got = getattr(_C, name)(*a_args)
+    exp = getattr(R, name)(*b_args)
     return got, exp, [a_args[i] for i in mutated], [b_args[i] for i in mutated]
 
 
@@ -285,25 +302,22 @@ def test_direct_calls_equal_torch_ops(record):
     torch.manual_seed(7)
     x, w = torch.randn(29, 64) * 5, torch.randn(40, 64) * 0.1
     x[2, 3] = float("nan")
-    spec = ops.DelayedSpec(history_len=16, margin=1)
-    got, exp, sa, sb = _direct_and_op("linear_delayed_casts", (x, w, *_state()),
-                                      dict(gemm=0, x_dtype=E4, w_dtype=E4, grad_dtype=E5, spec=spec, record=record,
-                                           reserve=record, transpose=True), mutated=range(2, 7))
+    got, exp, sa, sb = _direct_and_op("linear_delayed_casts", (x, w, *_state(), 0, 16, E4, E4, E5, 1, False, "max", 1,
+                                                               record, record, True, True), mutated=range(2, 7))
     _same(got, exp)
     for a, b in zip(sa, sb):
         assert torch.equal(a, b)
-    _same(*_direct_and_op("linear_current_casts", (x.half(), w.half()), dict(x_dtype=E4, w_dtype=E5, margin=2))[:2])
+    _same(*_direct_and_op("linear_current_casts", (x.half(), w.half(), E4, E5, 2, False, 0.0, False, True))[:2])
     xq, _, xs, _ = ops.quantize_current(x, E4)
     wq, _, ws, _ = ops.quantize_current(w, E4)
     bias = torch.randn(40).bfloat16()
-    k = (ops.MmScale.TENSOR, ops.MmScale.TENSOR)
-    _same(*_direct_and_op("scaled_mm", (xq, wq.t(), xs, ws), dict(bias=bias, out_dtype=torch.bfloat16,
-                                                                 scale_kinds=k))[:2])
+    t = int(ops.MmScale.TENSOR)
+    _same(*_direct_and_op("scaled_mm", (xq, wq.t(), xs, ws, bias, torch.bfloat16, "fp32", 128, t, t))[:2])
     dy = torch.randn(29, 40) * 1e-2
     pend, slot = torch.full((4,), -1.0), torch.tensor(1)
-    got, exp, sa, sb = _direct_and_op("linear_backward", (dy, w, ws, xq, xs),
-                                      dict(fp8_dtype=E5, plan=torch.tensor([512.0, 1 / 512]), pending=pend, slot=slot,
-                                           colsum=True, w_amax=w.abs().amax(), w_fp8_dtype=E4))
+    got, exp, sa, sb = _direct_and_op("linear_backward", (dy, w, ws, xq, xs, E5, torch.tensor([512.0, 1 / 512]), pend,
+                                                          slot, 0, False, 0.0, True, True, True, torch.float32,
+                                                          torch.float32, None, w.abs().amax(), E4))
     _same(got, exp)
     assert pend[1] > 0  # both kept dy's amax (in the same buffer: the op ran second and found it)
 
@@ -315,20 +329,21 @@ def test_direct_calls_refuse_wrapped_tensors_and_raise_the_ops_errors():
         fx = torch.randn(8, 32)
     w = torch.randn(16, 32)
     with pytest.raises(TypeError, match="plain CPU tensors"):
-        ops.linear_current_casts(fx, w, x_dtype=E4, w_dtype=E4, direct=True)
-    assert ops.direct_ok()  # outside any mode or transform
+        _C.linear_current_casts(fx, w, E4, E4, 0, False, 0.0, False, True)
+    assert _direct.direct_ok()  # outside any mode or transform
     with FakeTensorMode():
-        assert not ops.direct_ok()
+        assert not _direct.direct_ok()
     with _Ops():
-        assert not ops.direct_ok()
-    assert torch.func.vmap(lambda t: t * ops.direct_ok())(torch.ones(2, 2)).sum() == 0  # a transform: False
+        assert not _direct.direct_ok()
+    assert torch.func.vmap(lambda t: t * _direct.direct_ok())(torch.ones(2, 2)).sum() == 0  # a transform: False
     x = torch.randn(8, 32)
-    for direct in (False, True):
+    bwd = (torch.randn(8, 15), w.to(E4), torch.ones(()), x.to(E4), torch.ones(()), E5)
+    for lib in (R, _C):
         with pytest.raises(TypeError, match="FP8 dtype"):
-            ops.linear_current_casts(x, w, x_dtype=torch.float32, w_dtype=E4, direct=direct)
+            lib.linear_current_casts(x, w, torch.float32, E4, 0, False, 0.0, False, True)
         with pytest.raises(ValueError, match="inner dimensions"):
-            ops.linear_backward(torch.randn(8, 15), w.to(E4), torch.ones(()), x.to(E4), torch.ones(()),
-                                fp8_dtype=E5, direct=direct)
+            lib.linear_backward(*bwd, None, None, None, 0, False, 0.0, False, True, True, torch.float32,
+                                torch.float32, None, None, None)
 
 
 def test_the_profiler_sees_the_direct_calls_by_name():
@@ -355,8 +370,7 @@ def test_linear_forward_calls_equal_the_casts_then_scaled_mm(out_dtype, with_bia
     k = (ops.MmScale.TENSOR, ops.MmScale.TENSOR)
     spec = ops.DelayedSpec(history_len=16)
     a, b = _state(), _state()
-    got = ops.linear_delayed_forward(x, w, bias, *a, out_dtype=out_dtype, gemm=0, x_dtype=E4, w_dtype=E4,
-                                     grad_dtype=E5, spec=spec, record=True, reserve=True)
+    got = _C.linear_delayed_forward(x, w, bias, out_dtype, *a, 0, 16, E4, E4, E5, 0, False, "max", 1, True, True)
     c = ops.linear_delayed_casts(x, w, *b, gemm=0, x_dtype=E4, w_dtype=E4, grad_dtype=E5, spec=spec, record=True,
                                  reserve=True)
     y = ops.scaled_mm(c[0], c[4].t(), c[3], c[7], bias=bias, out_dtype=out_dtype, scale_kinds=k)
@@ -368,7 +382,7 @@ def test_linear_forward_calls_equal_the_casts_then_scaled_mm(out_dtype, with_bia
     torch.testing.assert_close(got[0][ok].double(), ref[ok], rtol=1e-2 if out_dtype == torch.bfloat16 else 1e-5,
                                atol=1e-5)
     assert got[0][1].isnan().all() and not ok[1]
-    got = ops.linear_current_forward(x, w, bias, out_dtype=out_dtype, x_dtype=E4, w_dtype=E5, margin=1)
+    got = _C.linear_current_forward(x, w, bias, out_dtype, E4, E5, 1, False, 0.0)
     c = ops.linear_current_casts(x, w, x_dtype=E4, w_dtype=E5, margin=1)
     y = ops.scaled_mm(c[0], c[4].t(), c[2], c[6], bias=bias, out_dtype=out_dtype, scale_kinds=k)
     _same(got, (y, c[0], c[2], c[4], c[6], c[7]))

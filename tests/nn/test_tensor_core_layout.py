@@ -2,7 +2,7 @@
 
 cuBLASLt's FP8 GEMM reads only "TN": both operands contiguous along the reduction
 dimension. On CUDA the layers therefore cast x, W and dy with their transposes where a B
-operand needs it, so that no copy is made before a GEMM. fp8mix.nn._casts.TN_ON_CPU sends
+operand needs it, so that no copy is made before a GEMM. fp8mix.nn._plan.TN_ON_CPU sends
 the CPU through the same path; the C GEMM sums in one fixed order whatever B's layout, so
 the results must equal the CPU path's bit for bit, and every B must be K-contiguous."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 
 import fp8mix
 from fp8mix import ops
-from fp8mix.nn import _casts
+from fp8mix.nn import _direct, _plan
 from fp8mix.recipe import BlockScaling, CurrentScaling, DelayedScaling
 
 RECIPES = {"delayed": lambda: DelayedScaling(amax_history_len=4), "current": CurrentScaling, "block": BlockScaling,
@@ -44,14 +44,16 @@ def test_tensor_core_layouts_give_the_same_bits_and_k_contiguous_operands(kind, 
     base = _layer(kind)
     ref, ref_state = _run(copy.deepcopy(base), RECIPES[recipe]())
     seen = []
-    real = ops.scaled_mm
 
-    def spy(a, b, *args, **kw):
-        seen.append((a.stride(), b.shape, b.stride()))
-        return real(a, b, *args, **kw)
+    def spy(real):
+        def call(a, b, *args, **kw):
+            seen.append((a.stride(), b.shape, b.stride()))
+            return real(a, b, *args, **kw)
+        return call
 
-    monkeypatch.setattr(ops, "scaled_mm", spy)
-    monkeypatch.setattr(_casts, "TN_ON_CPU", True)
+    monkeypatch.setattr(ops, "scaled_mm", spy(ops.scaled_mm))
+    monkeypatch.setattr(_direct, "scaled_mm", spy(_direct.scaled_mm))  # (a direct path's forward GEMM)
+    monkeypatch.setattr(_plan, "TN_ON_CPU", True)
     got, got_state = _run(copy.deepcopy(base), RECIPES[recipe]())
     for (y0, x0, g0), (y1, x1, g1) in zip(ref, got):
         assert torch.equal(y0, y1) and torch.equal(x0, x1)

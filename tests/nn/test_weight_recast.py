@@ -176,7 +176,7 @@ def test_block_wgrad_cast_in_slabs_equals_the_whole(monkeypatch, recipe):
     the whole dy^T is made): gradients, outputs and state are the bits of the one-piece
     cast, stochastic rounding's words included; and the one-piece cast is checked against
     a float64 reference of 1x128 tiles along M (amax, scale, round to nearest)."""
-    from fp8mix.nn import _casts
+    from fp8mix.nn import _casts, _plan
 
     whole, whole_state = _steps("linear", recipe, recast=True)
     monkeypatch.setattr(_casts, "_WGRAD_CHUNK_BYTES", 24 * 4 * 3)  # 3 rows of dy^T per slab: 14 slabs of 40
@@ -186,7 +186,7 @@ def test_block_wgrad_cast_in_slabs_equals_the_whole(monkeypatch, recipe):
     for k in whole_state:
         assert torch.equal(whole_state[k], slabs_state[k]), k
     if recipe == "block":  # the tiles against float64: dy^T (40, 24) in one 1x128 tile per row
-        plan = _casts.Plan(BlockScaling(), None, torch.float32, [None, None, fp8mix.Format.E5M2], False, "out_in", 0)
+        plan = _plan.StepPlan(BlockScaling(), None, torch.float32, [None, None, fp8mix.Format.E5M2], False, "out_in", 0)
         plan.skips = {}
         dy = torch.randn(24, 40, dtype=torch.float64)
         gw, sinv = _casts.block_wgrad_cast(dy.float(), plan, None)

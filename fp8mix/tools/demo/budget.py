@@ -30,7 +30,7 @@ import torch
 from .data import batch
 from .train import Run
 
-__all__ = ["PROBE_STEPS", "SLOW_BF16", "MIN_FIT_STEPS", "Plan", "probe", "plan_runs", "fit_steps",
+__all__ = ["PROBE_STEPS", "SLOW_BF16", "MIN_FIT_STEPS", "RunSchedule", "probe", "plan_runs", "fit_steps",
            "format_duration"]
 
 PROBE_WARMUP = 1
@@ -65,7 +65,7 @@ def probe(names: list, base: torch.nn.Module, cfg, train: torch.Tensor, train_st
 
 
 @dataclasses.dataclass
-class Plan:
+class RunSchedule:
     """Which variants train, which were skipped (variant -> reason), notes to print, the
     estimated seconds per variant (all its seeds) and in total, the median step per
     variant and the probe's samples."""
@@ -107,14 +107,14 @@ def format_duration(s: float) -> str:
     return f"{s / 3600:.1f} h"
 
 
-def plan_runs(names: list, samples: dict, steps_left: dict, cfg, *, explicit: bool, torch_isa: str) -> Plan:
+def plan_runs(names: list, samples: dict, steps_left: dict, cfg, *, explicit: bool, torch_isa: str) -> RunSchedule:
     """The plan for variants `names` given the probe's `samples` (variant -> seconds of its
     timed steps) and `steps_left` (variant -> steps still to train over all seeds).
     `explicit`: the user chose the variants (--recipes), so none is skipped."""
     share = 1.0 + cfg.eval_batches / (3.0 * cfg.eval_every)
     step_s = {n: statistics.median(v) for n, v in samples.items() if v}
     eta = {n: steps_left.get(n, 0) * step_s.get(n, 0.0) * share for n in names}
-    plan = Plan(list(names), {}, [], eta, step_s, dict(samples))
+    plan = RunSchedule(list(names), {}, [], eta, step_s, dict(samples))
     ref = min(samples["fp32"]) if samples.get("fp32") else None
     slow = min(samples["bf16"]) if samples.get("bf16") else None
     if ref and slow and slow > SLOW_BF16 * ref:
