@@ -34,8 +34,9 @@ Fields every recipe has besides its scaling:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
-from typing import Callable, Optional, Union
+from typing import TYPE_CHECKING, Callable, Optional, Union
 
 from .auto_format import AutoFormat
 from .formats import Format, Granularity
@@ -105,18 +106,31 @@ def _rebuild(cls, fields: dict):
     return cls(**fields)
 
 
-class _Recipe:
-    """What every recipe answers for the modules (no isinstance ladders there)."""
+_TE_FIELDS = ("use_power_2_scales", "reduce_amax", "fp8_dpa", "fp8_mha")
 
-    fp8_format: Format
-    rounding: Union[str, dict, types.MappingProxyType]  # a read-only mapping role -> mode once checked
-    auto: AutoFormat
-    margin: int
-    power_2_scale: bool
-    use_power_2_scales: Optional[bool]
-    reduce_amax: bool
-    fp8_dpa: bool
-    fp8_mha: bool
+
+@dataclasses.dataclass(frozen=True, eq=True, repr=False)
+class _Recipe:
+    """What every recipe answers for the modules (no isinstance ladders there), and the fields
+    every recipe takes from Transformer Engine's recipe classes (keyword-only: each recipe's
+    own fields keep TE's positional order)."""
+
+    if TYPE_CHECKING:  # every recipe's own fields, declared by each recipe in its own (TE's) order
+        fp8_format: Format
+        rounding: Union[str, dict, types.MappingProxyType]  # a read-only mapping role -> mode once checked
+        auto: AutoFormat
+        margin: int
+        power_2_scale: bool
+    _: dataclasses.KW_ONLY
+    use_power_2_scales: Optional[bool] = None  # Transformer Engine's spelling of power_2_scale
+    reduce_amax: bool = True  # all-reduce amaxes over fp8_autocast's group (False: every rank its own)
+    fp8_dpa: bool = False  # Transformer Engine's FP8 attention: not supported (True raises)
+    fp8_mha: bool = False
+
+    def __repr__(self) -> str:  # each recipe's own fields first, then TE's
+        own = [f for f in dataclasses.fields(self) if f.name not in _TE_FIELDS and f.repr]
+        te = [f for f in dataclasses.fields(self) if f.name in _TE_FIELDS]
+        return f"{type(self).__name__}({', '.join(f'{f.name}={getattr(self, f.name)!r}' for f in own + te)})"
 
     def _check_common(self) -> None:
         name = type(self).__name__
@@ -184,7 +198,7 @@ class _Recipe:
         return hash((type(self).__name__, *items))
 
 
-@dataclasses.dataclass(frozen=True, eq=True)
+@dataclasses.dataclass(frozen=True, eq=True, repr=False)
 class DelayedScaling(_Recipe):
     """Delayed scaling, as Transformer Engine's default recipe.
 
@@ -208,10 +222,6 @@ class DelayedScaling(_Recipe):
     power_2_scale: bool = False
     rounding: Union[str, dict, types.MappingProxyType] = "nearest"
     auto: AutoFormat = dataclasses.field(default_factory=AutoFormat)
-    use_power_2_scales: Optional[bool] = None  # Transformer Engine's spelling of power_2_scale
-    reduce_amax: bool = True  # all-reduce amaxes over fp8_autocast's group (False: every rank its own)
-    fp8_dpa: bool = False  # Transformer Engine's FP8 attention: not supported (True raises)
-    fp8_mha: bool = False
     scaling_factor_compute_algo: Optional[Callable] = None  # Transformer Engine's; only None
 
     def __post_init__(self):
@@ -247,7 +257,7 @@ class _JustInTime(_Recipe):
             raise ValueError(f"{type(self).__name__}.amax_epsilon must be finite and >= 0, got {eps!r}")
 
 
-@dataclasses.dataclass(frozen=True, eq=True)
+@dataclasses.dataclass(frozen=True, eq=True, repr=False)
 class CurrentScaling(_JustInTime):
     """Current (just-in-time) per-tensor scaling: ``scale = fp8_max / max(amax, amax_epsilon)``
     from the tensor itself at cast time; amax of 0 or not finite gives scale 1."""
@@ -258,15 +268,11 @@ class CurrentScaling(_JustInTime):
     margin: int = 0
     rounding: Union[str, dict, types.MappingProxyType] = "nearest"
     auto: AutoFormat = dataclasses.field(default_factory=AutoFormat)
-    use_power_2_scales: Optional[bool] = None  # Transformer Engine's spelling of power_2_scale
-    reduce_amax: bool = True  # all-reduce amaxes over fp8_autocast's group (False: every rank its own)
-    fp8_dpa: bool = False  # Transformer Engine's FP8 attention: not supported (True raises)
-    fp8_mha: bool = False
 
     __hash__ = _Recipe.__hash__
 
 
-@dataclasses.dataclass(frozen=True, eq=True)
+@dataclasses.dataclass(frozen=True, eq=True, repr=False)
 class BlockScaling(_JustInTime):
     """DeepSeek-V3 block scaling: activations and gradients in 1x128 tiles along the
     reduction dimension, weights in 128x128 blocks, each tile with its own current
@@ -278,10 +284,6 @@ class BlockScaling(_JustInTime):
     margin: int = 0
     rounding: Union[str, dict, types.MappingProxyType] = "nearest"
     auto: AutoFormat = dataclasses.field(default_factory=AutoFormat)
-    use_power_2_scales: Optional[bool] = None  # Transformer Engine's spelling of power_2_scale
-    reduce_amax: bool = True  # all-reduce amaxes over fp8_autocast's group (False: every rank its own)
-    fp8_dpa: bool = False  # Transformer Engine's FP8 attention: not supported (True raises)
-    fp8_mha: bool = False
     x_block_scaling_dim: int = 1  # Transformer Engine's: 1 = 1x128 tiles, 2 = 128x128 blocks
     w_block_scaling_dim: int = 2
     grad_block_scaling_dim: int = 1
@@ -299,7 +301,7 @@ class BlockScaling(_JustInTime):
     __hash__ = _Recipe.__hash__
 
 
-@dataclasses.dataclass(frozen=True, eq=True)
+@dataclasses.dataclass(frozen=True, eq=True, repr=False)
 class RowwiseScaling(_JustInTime):
     """torchao's rowwise recipes: current scaling with one scale per row of each GEMM
     operand, taken along that GEMM's reduction dimension (torchao's "axiswise"):
@@ -324,10 +326,6 @@ class RowwiseScaling(_JustInTime):
     margin: int = 0
     rounding: Union[str, dict, types.MappingProxyType] = "nearest"
     auto: AutoFormat = dataclasses.field(default_factory=AutoFormat)
-    use_power_2_scales: Optional[bool] = None  # Transformer Engine's spelling of power_2_scale
-    reduce_amax: bool = True  # accepted for uniformity; per-row scales are never all-reduced
-    fp8_dpa: bool = False  # Transformer Engine's FP8 attention: not supported (True raises)
-    fp8_mha: bool = False
 
     def __post_init__(self):
         _check_bool("RowwiseScaling.gw_hp", self.gw_hp)
@@ -345,7 +343,7 @@ class RowwiseScaling(_JustInTime):
     __hash__ = _Recipe.__hash__
 
 
-@dataclasses.dataclass(frozen=True, eq=True)
+@dataclasses.dataclass(frozen=True, eq=True, repr=False)
 class MXFP8BlockScaling(_JustInTime):
     """MXFP8 (OCP Microscaling v1.0; Transformer Engine's name): every GEMM operand cast in
     blocks of 32 consecutive elements along that GEMM's reduction dimension, each block
@@ -369,10 +367,6 @@ class MXFP8BlockScaling(_JustInTime):
     amax_epsilon: float = 0.0
     rounding: Union[str, dict, types.MappingProxyType] = "nearest"
     auto: AutoFormat = dataclasses.field(default_factory=AutoFormat)
-    use_power_2_scales: Optional[bool] = None  # Transformer Engine's spelling of power_2_scale
-    reduce_amax: bool = True  # accepted for uniformity; block scales are never all-reduced
-    fp8_dpa: bool = False  # Transformer Engine's FP8 attention: not supported (True raises)
-    fp8_mha: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "fp8_format", _check_format(self.fp8_format,
@@ -422,15 +416,15 @@ def _listing_init(cls) -> None:
     """An unknown keyword is a TypeError that lists the recipe's fields (the dataclass one does not)."""
     init = cls.__init__
 
+    @functools.wraps(init)  # (inspect.signature shows the fields)
     def __init__(self, *args, **kwargs):
-        names = [f.name for f in dataclasses.fields(cls)]
+        names = [f.name for f in dataclasses.fields(cls) if f.name not in _TE_FIELDS] + list(_TE_FIELDS)
         unknown = [k for k in kwargs if k not in names]
         if unknown:
             raise TypeError(f"{cls.__name__}: unknown field(s) {unknown}; the fields are {names}")
         init(self, *args, **kwargs)
 
-    __init__.__doc__ = init.__doc__
-    cls.__init__ = __init__
+    cls.__init__ = __init__  # type: ignore[method-assign]
 
 
 for _cls in RECIPES:

@@ -18,6 +18,7 @@ scales (amax_epsilon, margin, power_2_scale, formats), and the point of block sc
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 
 import pytest
@@ -25,7 +26,7 @@ import torch
 
 import fp8mix
 from fp8mix import Format, fp8_autocast
-from fp8mix.recipe import BlockScaling, CurrentScaling, DelayedScaling
+from fp8mix.recipe import RECIPES, BlockScaling, CurrentScaling, DelayedScaling
 
 FLT_MAX = torch.finfo(torch.float32).max
 FLT_MIN = torch.finfo(torch.float32).tiny
@@ -411,9 +412,14 @@ def test_recipe_defaults():
     d = DelayedScaling()
     assert (d.margin, d.interval, d.fp8_format, d.amax_history_len, d.amax_compute_algo, d.power_2_scale) == \
         (0, 1, Format.HYBRID, 1024, "max", False)
-    fields = [f.name for f in dataclasses.fields(DelayedScaling)]
-    assert fields[:6] == ["margin", "interval", "fp8_format", "amax_history_len", "amax_compute_algo",
-                          "power_2_scale"]
+    # TE's positional order; TE's common fields (the base class's) keyword-only
+    params = inspect.signature(DelayedScaling).parameters.values()
+    assert [p.name for p in params][:6] == ["margin", "interval", "fp8_format", "amax_history_len",
+                                            "amax_compute_algo", "power_2_scale"]
+    for cls in RECIPES:
+        kw = [p.name for p in inspect.signature(cls).parameters.values() if p.kind is p.KEYWORD_ONLY]
+        assert kw == ["use_power_2_scales", "reduce_amax", "fp8_dpa", "fp8_mha"], cls
+        assert repr(cls()).startswith(f"{cls.__name__}(") and repr(cls()).endswith("fp8_dpa=False, fp8_mha=False)")
     c = CurrentScaling()
     assert c.power_2_scale is False and c.amax_epsilon == 0.0
     assert c.fp8_format in (Format.HYBRID, Format.E4M3)
