@@ -11,16 +11,20 @@ import torch
 
 from .formats import Granularity
 
-__all__ = ["MmScale", "DelayedSpec", "NormKind", "Act", "QUANT_STATS_N", "rows_cols", "scale_shape"]
+__all__ = ["mm_scale_code", "DelayedSpec", "NormKind", "Act", "QUANT_STATS_N", "rows_cols", "scale_shape"]
 
 
-class MmScale(enum.IntEnum):
-    """Scale layout of a GEMM operand (the C API's fp8mix_mm_scale)."""
+# The C API's fp8mix_mm_scale of a GEMM operand whose scales have this granularity:
+# 0 one value; 1 one per row of A / column of B; 2 A's 1x128 tiles (M, ceil(K/128)) or B's
+# 128x128 blocks (ceil(K/128), ceil(N/128)); 3 MX blocks, A (M, ceil(K/32)), B (N, ceil(K/32)).
+_MM_SCALE = {Granularity.TENSOR: 0, Granularity.ROW: 1, Granularity.BLOCK: 2, Granularity.BLOCK2D: 2,
+             Granularity.MX: 3}
 
-    TENSOR = 0  # one value
-    OUTER = 1   # one per row of a / column of b
-    BLOCK = 2   # a: 1x128 tiles (M, ceil(K/128)); b: 128x128 blocks (ceil(K/128), ceil(N/128))
-    MX = 3      # a: (M, ceil(K/32)) MX blocks; b: (N, ceil(K/32)), [n][k-block] (CPU)
+
+def mm_scale_code(g) -> int:
+    """fp8mix_mm_scale of a GEMM operand whose scales have granularity `g` (a Granularity or
+    its name)."""
+    return _MM_SCALE[Granularity.of(g)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,8 +46,9 @@ def rows_cols(x: torch.Tensor):
     return rows, cols
 
 
-def scale_shape(x: torch.Tensor, g: int) -> list:
-    """Shape of the per-granularity scale / amax tensor of x (granularity code or enum g)."""
+def scale_shape(x: torch.Tensor, g) -> list:
+    """Shape of the per-granularity scale / amax tensor of x (g: a Granularity, its name or code)."""
+    g = Granularity.of(g)
     rows, cols = rows_cols(x)
     lead = list(x.shape[:-1]) if x.dim() >= 1 else []
     if g == Granularity.TENSOR:

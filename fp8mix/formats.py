@@ -31,34 +31,53 @@ class Format(enum.Enum):
 _DTYPES = {Format.E4M3: torch.float8_e4m3fn, Format.E5M2: torch.float8_e5m2}
 _MAX = {Format.E4M3: 448.0, Format.E5M2: 57344.0}
 
-class Granularity(enum.IntEnum):
-    """Where a scale applies (the C API's fp8mix_granularity): one per tensor, per row,
-    per 1x128 tile along a row, per 128x128 block, or per 1x32 MX block along a row
-    (OCP Microscaling: power-of-two scales, E8M0 exponents)."""
+class Granularity(str, enum.Enum):
+    """Where a scale applies, the one vocabulary of fp8mix's API: one per tensor, per row,
+    per 1x128 tile along a row, per 128x128 block, or per 1x32 MX block along a row (OCP
+    Microscaling: power-of-two scales, E8M0 exponents). A member is its name (a str:
+    ``Granularity.ROW == "row"``), so every function taking a granularity takes either;
+    ``int(g)`` is the C API's fp8mix_granularity code. As a GEMM operand's scale layout
+    (fp8mix.ops.scaled_mm): ROW is one scale per row of A / per column of B, BLOCK A's 1x128
+    tiles along K, BLOCK2D B's 128x128 blocks."""
 
-    TENSOR = 0
-    ROW = 1
-    BLOCK = 2
-    BLOCK2D = 3
-    MX = 4
+    TENSOR = "tensor"
+    ROW = "row"
+    BLOCK = "block"
+    BLOCK2D = "block2d"
+    MX = "mx"
+
+    @property
+    def code(self) -> int:
+        """The C API's fp8mix_granularity value."""
+        return _CODES[self]
+
+    def __int__(self) -> int:
+        return _CODES[self]
 
     @property
     def label(self) -> str:
-        """The user-facing name ("tensor", "row", "block", "block2d", "mx")."""
-        return self.name.lower()
+        """The user-facing name ("tensor", "row", "block", "block2d", "mx"): the value."""
+        return self.value
+
+    def __str__(self) -> str:
+        return self.value
 
     @classmethod
     def of(cls, g) -> "Granularity":
-        """A Granularity from itself or its name (ValueError for anything else)."""
+        """A Granularity from itself, its name or its C code (ValueError for anything else)."""
         if isinstance(g, cls):
             return g
         if isinstance(g, str) and g in GRANULARITIES:
-            return cls(GRANULARITIES[g])
+            return cls(g)
+        if isinstance(g, int) and not isinstance(g, bool) and 0 <= g < len(_BY_CODE):
+            return _BY_CODE[g]
         raise ValueError(f"granularity must be one of {list(GRANULARITIES)}, got {g!r}")
 
 
+_BY_CODE = (Granularity.TENSOR, Granularity.ROW, Granularity.BLOCK, Granularity.BLOCK2D, Granularity.MX)
+_CODES = {g: i for i, g in enumerate(_BY_CODE)}
 # name -> code of the C API's fp8mix_granularity
-GRANULARITIES = {"tensor": 0, "row": 1, "block": 2, "block2d": 3, "mx": 4}
+GRANULARITIES = {g.value: i for i, g in enumerate(_BY_CODE)}
 MX_BLOCK = 32  # elements per MX block (OCP Microscaling v1.0)
 MX_RULES = {"rceil": 0, "floor": 1}  # fp8mix_mx_rule: NVIDIA's round-up rule, OCP v1.0's floor rule
 

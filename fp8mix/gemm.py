@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from . import ops
+from .formats import Granularity
 from .quantization import same_device
 from .tensor import Float8Tensor
 
@@ -72,7 +73,7 @@ def scaled_mm(a, b, scale_a=None, scale_b=None, *, bias=None, out_dtype=torch.fl
             if accumulate != "fp32":
                 raise ValueError("fp8mix.scaled_mm: MX scaling accumulates in float32 only (accumulate='fp32')")
             return ops.scaled_mm(a, b, scale_a, scale_b, bias=bias, out_dtype=out_dtype,
-                                 scale_kinds=(ops.MmScale.MX, ops.MmScale.MX))
+                                 scale_granularity=(Granularity.MX, Granularity.MX))
         scale_a, scale_b = _operand_scale(a, True), _operand_scale(b, False)
         a, b = a.data, b.data
     for name, t in (("a", a), ("b", b), ("scale_a", scale_a), ("scale_b", scale_b)):

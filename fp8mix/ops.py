@@ -14,14 +14,22 @@ import torch
 
 # (loading _C registers torch.ops.fp8mix; _ops_fake registers the ops' fakes for torch.compile / FakeTensor)
 from . import _C, _ops_fake  # type: ignore[attr-defined]  # noqa: F401
-from ._op_types import QUANT_STATS_N, Act, DelayedSpec, MmScale, NormKind, scale_shape
+from ._op_types import QUANT_STATS_N, Act, DelayedSpec, NormKind, mm_scale_code, scale_shape
 from .formats import Granularity
 
 _ops = torch.ops.fp8mix
 
+
+def _code(g) -> int:
+    """The C code of a granularity given as a Granularity, its name or its code."""
+    return _GCODE[g] if type(g) is Granularity else Granularity.of(g).code
+
+
+_GCODE = {g: g.code for g in Granularity}
+
 __all__ = ["cast", "quantize_current", "quantize_mx", "amax", "compute_scale", "dequantize", "scaled_mm", "quant_stats",
            "delayed_cast", "delayed_record", "delayed_rescale", "delayed_flush", "grad_cast", "DelayedSpec",
-           "MmScale", "cpu_isa", "set_max_isa", "scale_shape", "has_kernels", "NormKind", "Act", "norm_cast",
+           "mm_scale_code", "cpu_isa", "set_max_isa", "scale_shape", "has_kernels", "NormKind", "Act", "norm_cast",
            "norm_delayed_cast", "act_cast", "act_delayed_cast", "linear_delayed_casts", "linear_current_casts",
            "linear_backward", "CudaHooks", "set_cuda_hooks", "QUANT_STATS_N",
            "delayed_scale_update", "cuda_hw_convert", "cuda_check_scales"]
@@ -80,7 +88,7 @@ def cast(x: torch.Tensor, scale: torch.Tensor, fp8_dtype: torch.dtype, *, granul
     when `transpose` (else empty); `rng` (int64 [key, offset]) selects stochastic rounding
     with words from offset + rng_skip on, in place of stochastic/seed/offset."""
     _first_cuda_use(x)
-    return _ops.cast(x, scale, fp8_dtype, int(granularity), saturate, stochastic, seed, offset, want_q, transpose,
+    return _ops.cast(x, scale, fp8_dtype, _code(granularity), saturate, stochastic, seed, offset, want_q, transpose,
                      inf_to_nan, rng, rng_skip)
 
 
@@ -91,7 +99,7 @@ def quantize_current(x: torch.Tensor, fp8_dtype: torch.dtype, *, granularity=Gra
                      rng_skip: int = 0):
     """Current scaling: amax per tile, scale, cast: (q, qt, scale_inv, amax)."""
     _first_cuda_use(x)
-    return _ops.quantize_current(x, fp8_dtype, int(granularity), margin, power_2_scale, amax_epsilon, saturate,
+    return _ops.quantize_current(x, fp8_dtype, _code(granularity), margin, power_2_scale, amax_epsilon, saturate,
                                  stochastic, seed, offset, want_q, transpose, inf_to_nan, rng, rng_skip)
 
 
@@ -107,7 +115,7 @@ def quantize_mx(x: torch.Tensor, fp8_dtype: torch.dtype, *, rule: int = 0, margi
 
 
 def amax(x: torch.Tensor, *, granularity=Granularity.TENSOR) -> torch.Tensor:
-    return _ops.amax(x, int(granularity))
+    return _ops.amax(x, _code(granularity))
 
 
 def compute_scale(amax: torch.Tensor, fp8_dtype: torch.dtype, *, margin: int = 0, power_2_scale: bool = False,
@@ -118,15 +126,20 @@ def compute_scale(amax: torch.Tensor, fp8_dtype: torch.dtype, *, margin: int = 0
 
 def dequantize(q: torch.Tensor, scale_inv: torch.Tensor, *, granularity=Granularity.TENSOR,
                out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    return _ops.dequantize(q, scale_inv, int(granularity), out_dtype)
+    return _ops.dequantize(q, scale_inv, _code(granularity), out_dtype)
 
 
 def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, *,
               bias: Optional[torch.Tensor] = None, out_dtype: torch.dtype = torch.float32, accumulate: str = "fp32",
-              promote_interval: int = 128, scale_kinds: Optional[tuple] = None) -> torch.Tensor:
-    """(a * scale_a) @ (b * scale_b) + bias. scale_kinds: (MmScale, MmScale) when the caller
-    knows the layouts (fp8mix's modules always do); None infers them from the shapes."""
-    ka, kb = (-1, -1) if scale_kinds is None else (int(scale_kinds[0]), int(scale_kinds[1]))
+              promote_interval: int = 128, scale_granularity: Optional[tuple] = None) -> torch.Tensor:
+    """(a * scale_a) @ (b * scale_b) + bias. scale_granularity: the Granularity of each
+    operand's scales (a: TENSOR, ROW, BLOCK 1x128 along K or MX; b: TENSOR, ROW (one per
+    column), BLOCK2D 128x128 or MX) when the caller knows them (fp8mix's modules always do);
+    None infers them from the shapes."""
+    if scale_granularity is None:
+        ka = kb = -1
+    else:
+        ka, kb = mm_scale_code(scale_granularity[0]), mm_scale_code(scale_granularity[1])
     if not a.is_cuda or torch.compiler.is_compiling():
         return _ops.scaled_mm(a, b, scale_a, scale_b, bias, out_dtype, accumulate, promote_interval, ka, kb)
     _first_cuda_use(a)
@@ -242,7 +255,7 @@ def norm_cast(x: torch.Tensor, gamma: Optional[torch.Tensor], beta: Optional[tor
     scale None is current scaling at `granularity`; mean/rstd (float32, one per row) are
     computed and returned, or given (a second cast of the same x) and returned empty; hp
     holds the normalized values in hp_dtype when asked for (else empty)."""
-    return _ops.norm_cast(x, gamma, beta, int(kind), float(eps), zero_centered_gamma, fp8_dtype, int(granularity),
+    return _ops.norm_cast(x, gamma, beta, int(kind), float(eps), zero_centered_gamma, fp8_dtype, _code(granularity),
                           scale, margin, power_2_scale, amax_epsilon, want_q, transpose, inf_to_nan, rng, rng_skip,
                           mean, rstd, hp_dtype)
 
@@ -267,7 +280,7 @@ def act_cast(h: torch.Tensor, *, act: Act, fp8_dtype: torch.dtype, granularity=G
              rng: Optional[torch.Tensor] = None, rng_skip: int = 0, hp_dtype: Optional[torch.dtype] = None):
     """An activation of h written as FP8 in one pass (gated: of the two halves of each row,
     read in place): (q, qt, scale_inv, amax, hp)."""
-    return _ops.act_cast(h, int(act), fp8_dtype, int(granularity), scale, margin, power_2_scale, amax_epsilon, want_q,
+    return _ops.act_cast(h, int(act), fp8_dtype, _code(granularity), scale, margin, power_2_scale, amax_epsilon, want_q,
                          transpose, inf_to_nan, rng, rng_skip, hp_dtype)
 
 
@@ -286,14 +299,14 @@ def act_delayed_cast(h: torch.Tensor, history: torch.Tensor, scale: torch.Tensor
 def quant_stats(x: torch.Tensor, q: torch.Tensor, scale_inv: torch.Tensor, granularity, *,
                 bad_scale_as_one: bool = False) -> torch.Tensor:
     """fp8mix_quant_stats: a float64 vector of QUANT_STATS_N entries (see fp8mix.numerics);
-    granularity: its code (or a Granularity). On x's device when this build has the kernel
+    granularity: a Granularity (or its name or code). On x's device when this build has the kernel
     there (CPU; CUDA: the same bits, and no copy or host sync, so a backward can feed the
     gradient scaler); tensors on other devices are copied to the CPU. bad_scale_as_one:
     count a scale_inv that is not finite and > 0 and measure its tile as if it were 1,
     instead of raising."""
     if x.device.type != "cpu" and not (x.device.type == "cuda" and has_kernels("quant_stats", x.device)):
         x, q, scale_inv = x.cpu(), q.cpu(), scale_inv.cpu()
-    return _ops.quant_stats(x, q, scale_inv, int(granularity), bad_scale_as_one=bad_scale_as_one)
+    return _ops.quant_stats(x, q, scale_inv, _code(granularity), bad_scale_as_one=bad_scale_as_one)
 
 
 def cpu_isa() -> str:

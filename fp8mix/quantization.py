@@ -14,7 +14,7 @@ import math
 import torch
 
 from . import ops
-from .formats import GRANULARITIES, MX_RULES, Format, _single, fp8_dtype
+from .formats import GRANULARITIES, MX_RULES, Format, Granularity, _single, fp8_dtype
 from .tensor import Float8Tensor
 
 __all__ = ["quantize", "amax", "cast_transpose", "dequantize"]
@@ -46,10 +46,11 @@ def same_device(op: str, ref: torch.Tensor, **tensors) -> None:
             raise ValueError(f"fp8mix.{op}: {name} is on {t.device} but the data is on {ref.device}")
 
 
-def _granularity(g: str, op: str) -> int:
-    if g not in GRANULARITIES:
+def _granularity(g, op: str) -> Granularity:
+    """A Granularity or its name (not the C code: that is the op layer's business)."""
+    if not isinstance(g, str) or g not in GRANULARITIES:
         raise ValueError(f"fp8mix.{op}: granularity must be one of {list(GRANULARITIES)}, got {g!r}")
-    return GRANULARITIES[g]
+    return Granularity(g)
 
 
 def _seed(seed):
@@ -60,7 +61,7 @@ def _seed(seed):
     return seed - 2**64 if seed >= 2**63 else seed  # the op takes int64; C reads uint64
 
 
-def _scale_tensor(scale, x: torch.Tensor, g: int, op: str) -> torch.Tensor:
+def _scale_tensor(scale, x: torch.Tensor, g: Granularity, op: str) -> torch.Tensor:
     if isinstance(scale, (int, float)):
         if not (math.isfinite(scale) and scale > 0):
             raise ValueError(f"fp8mix.{op}: scale must be finite and > 0, got {scale}")
@@ -71,12 +72,13 @@ def _scale_tensor(scale, x: torch.Tensor, g: int, op: str) -> torch.Tensor:
     return scale.detach()
 
 
-def _inverse(scale: torch.Tensor, x: torch.Tensor, g: int) -> torch.Tensor:
+def _inverse(scale: torch.Tensor, x: torch.Tensor, g: Granularity) -> torch.Tensor:
     """1/scale in the granularity's canonical shape (the op has checked the count)."""
     return torch.reciprocal(scale.detach().to(torch.float32)).reshape(ops.scale_shape(x, g))
 
 
-def quantize(x: torch.Tensor, fmt=Format.E4M3, scale=None, *, granularity: str = "tensor",
+def quantize(x: torch.Tensor, fmt=Format.E4M3, scale=None, *,
+             granularity: "Granularity | str" = Granularity.TENSOR,
              rounding: str = "nearest", saturate: bool = True, seed: int | None = None,
              offset: int = 0, margin: int = 0, power_2_scale: bool = False,
              amax_epsilon: float = 0.0, mx_rule: str = "rceil") -> Float8Tensor:
@@ -123,10 +125,10 @@ def quantize(x: torch.Tensor, fmt=Format.E4M3, scale=None, *, granularity: str =
         q, _, sinv, am = ops.quantize_current(x, fp8_dtype(f), granularity=g, margin=margin,
                                               power_2_scale=power_2_scale, amax_epsilon=amax_epsilon,
                                               saturate=saturate, stochastic=sr, seed=s, offset=offset)
-        return Float8Tensor(q, sinv, am, granularity)
+        return Float8Tensor(q, sinv, am, g)
     st = _scale_tensor(scale, x, g, "quantize")
     q, _, am = ops.cast(x, st, fp8_dtype(f), granularity=g, saturate=saturate, stochastic=sr, seed=s, offset=offset)
-    return Float8Tensor(q, _inverse(st, x, g), am, granularity)
+    return Float8Tensor(q, _inverse(st, x, g), am, g)
 
 
 def _quantize_mx(x: torch.Tensor, f: Format, scale, mx_rule: str, **kw) -> Float8Tensor:
@@ -140,12 +142,13 @@ def _quantize_mx(x: torch.Tensor, f: Format, scale, mx_rule: str, **kw) -> Float
         raise NotImplementedError(f"fp8mix.quantize: granularity='mx' runs on the CPU only in this build, "
                                   f"got {x.device}")
     q, sinv, _, _, am = ops.quantize_mx(x, fp8_dtype(f), rule=MX_RULES[mx_rule], **kw)
-    return Float8Tensor(q, sinv, am, "mx")
+    return Float8Tensor(q, sinv, am, Granularity.MX)
 
 
-def cast_transpose(x: torch.Tensor, fmt=Format.E4M3, scale=None, *, granularity: str = "tensor",
-                   rounding: str = "nearest", saturate: bool = True, seed: int | None = None,
-                   offset: int = 0, margin: int = 0, power_2_scale: bool = False):
+def cast_transpose(x: torch.Tensor, fmt=Format.E4M3, scale=None, *,
+                   granularity: "Granularity | str" = Granularity.TENSOR, rounding: str = "nearest",
+                   saturate: bool = True, seed: int | None = None, offset: int = 0, margin: int = 0,
+                   power_2_scale: bool = False):
     """One read of `x` gives its FP8 copy and the FP8 transpose (of the 2-D view
     ``(numel/last_dim, last_dim)``), plus amax.
 
@@ -159,7 +162,7 @@ def cast_transpose(x: torch.Tensor, fmt=Format.E4M3, scale=None, *, granularity:
         raise ValueError("fp8mix.cast_transpose: granularity must be 'tensor' or 'block2d' (a row or 1x128 "
                          f"scale does not describe the transpose), got {granularity!r}")
     f = _single(fmt)
-    g = GRANULARITIES[granularity]
+    g = Granularity(granularity)
     if rounding not in _ROUNDING:
         raise ValueError(f"fp8mix.cast_transpose: rounding must be 'nearest' or 'stochastic', got {rounding!r}")
     sr = rounding == "stochastic"
@@ -173,11 +176,11 @@ def cast_transpose(x: torch.Tensor, fmt=Format.E4M3, scale=None, *, granularity:
         q, qt, am = ops.cast(x, st, fp8_dtype(f), granularity=g, saturate=saturate, stochastic=sr, seed=s,
                              offset=offset, transpose=True)
         sinv = _inverse(st, x, g)
-    sinv_t = sinv.t().contiguous() if g == 3 else sinv
-    return Float8Tensor(q, sinv, am, granularity), Float8Tensor(qt, sinv_t, am, granularity)
+    sinv_t = sinv.t().contiguous() if g == Granularity.BLOCK2D else sinv
+    return Float8Tensor(q, sinv, am, g), Float8Tensor(qt, sinv_t, am, g)
 
 
-def amax(x: torch.Tensor, granularity: str = "tensor") -> torch.Tensor:
+def amax(x: torch.Tensor, granularity: "Granularity | str" = Granularity.TENSOR) -> torch.Tensor:
     """max |x| per tile of `granularity` (float32). A NaN anywhere in a tile gives NaN,
     else an infinity gives +inf; an empty tensor gives 0."""
     _check_input(x, "amax")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from . import ops
-from .formats import GRANULARITIES, Format, format_of_dtype
+from .formats import Format, Granularity, format_of_dtype
 
 __all__ = ["Float8Tensor"]
 
@@ -26,18 +26,18 @@ class Float8Tensor:
         fmt: ``Format.E4M3`` or ``Format.E5M2`` (follows ``data.dtype``).
         amax: max |x| of the source: per tile (shape of ``scale_inv``) when the scales were
             computed (current scaling), the whole tensor's when they were given; or None.
-        granularity: ``"tensor"``, ``"row"``, ``"block"`` or ``"block2d"``.
+        granularity: a :class:`fp8mix.Granularity` (a str: ``"tensor"``, ``"row"``, ``"block"``,
+            ``"block2d"`` or ``"mx"``; the constructor takes either).
     """
 
     __slots__ = ("data", "scale_inv", "amax", "granularity")
 
     def __init__(self, data: torch.Tensor, scale_inv: torch.Tensor, amax: torch.Tensor | None = None,
-                 granularity: str = "tensor"):
+                 granularity: Granularity | str = Granularity.TENSOR):
         if not isinstance(data, torch.Tensor):
             raise TypeError(f"Float8Tensor: data must be a torch.Tensor, got {type(data).__name__}")
         format_of_dtype(data.dtype)  # raises TypeError for non-FP8 data
-        if granularity not in GRANULARITIES:
-            raise ValueError(f"granularity must be one of {sorted(GRANULARITIES)}, got {granularity!r}")
+        granularity = Granularity.of(granularity)
         if not isinstance(scale_inv, torch.Tensor) or scale_inv.dtype != torch.float32:
             raise TypeError("Float8Tensor: scale_inv must be a float32 tensor")
         if scale_inv.device != data.device:
@@ -61,7 +61,7 @@ class Float8Tensor:
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The represented values: ``data * scale_inv`` in float32, then rounded to `dtype`."""
-        return ops.dequantize(self.data, self.scale_inv, granularity=GRANULARITIES[self.granularity], out_dtype=dtype)
+        return ops.dequantize(self.data, self.scale_inv, granularity=self.granularity, out_dtype=dtype)
 
     def t(self) -> "Float8Tensor":
         """The 2-D transpose as a view (for GEMM operands: ``scaled_mm(x8, w8.t())``).
@@ -69,12 +69,12 @@ class Float8Tensor:
         if self.data.dim() != 2:
             raise ValueError("Float8Tensor.t() needs a 2-D tensor")
         if self.granularity == "tensor":
-            return Float8Tensor(self.data.t(), self.scale_inv, self.amax, "tensor")
+            return Float8Tensor(self.data.t(), self.scale_inv, self.amax, Granularity.TENSOR)
         if self.granularity == "block2d":
             am = self.amax.t() if self.amax is not None and self.amax.dim() == 2 else self.amax
-            return Float8Tensor(self.data.t(), self.scale_inv.t(), am, "block2d")
+            return Float8Tensor(self.data.t(), self.scale_inv.t(), am, Granularity.BLOCK2D)
         raise ValueError(f"Float8Tensor.t(): {self.granularity!r} scales do not describe the transpose")
 
     def __repr__(self) -> str:
-        return (f"Float8Tensor(shape={tuple(self.shape)}, fmt={self.fmt!r}, granularity={self.granularity!r}, "
+        return (f"Float8Tensor(shape={tuple(self.shape)}, fmt={self.fmt!r}, granularity={self.granularity.value!r}, "
                 f"scale_inv={self.scale_inv if self.scale_inv.numel() <= 4 else tuple(self.scale_inv.shape)})")

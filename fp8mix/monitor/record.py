@@ -231,6 +231,7 @@ class Monitor:
         if granularity not in GRANULARITIES:
             raise ValueError(f"fp8mix.Monitor.record: granularity must be one of {list(GRANULARITIES)}, "
                              f"got {granularity!r}")
+        granularity = str(granularity)  # its name (a row holds plain values: state_dict, CSV, JSON)
         if not isinstance(scale_inv, torch.Tensor):
             scale_inv = torch.tensor(float(scale_inv), dtype=torch.float32)
         with torch.no_grad():

@@ -25,7 +25,6 @@ import torch
 
 from .. import ops
 from ..formats import Format, Granularity, fp8_dtype
-from ..ops import MmScale
 from ._casts import _sr
 from ._plan import StepPlan
 
@@ -58,14 +57,14 @@ def _mm(a, sa, b_rows, sb, gran: Granularity, out_dtype, bias=None, b_gran=None)
     when given; TENSOR: one scale)."""
     def kind(s, g, is_a: bool):
         if g == Granularity.TENSOR:
-            return MmScale.TENSOR, s.reshape(())
+            return Granularity.TENSOR, s.reshape(())
         if g == Granularity.MX:  # (rows, ceil(K/32)) on both sides
-            return MmScale.MX, s.reshape(-1, s.shape[-1])
-        return MmScale.OUTER, (s.reshape(-1, 1) if is_a else s.reshape(1, -1))
+            return Granularity.MX, s.reshape(-1, s.shape[-1])
+        return Granularity.ROW, (s.reshape(-1, 1) if is_a else s.reshape(1, -1))
 
     ka, sa = kind(sa, gran, True)
     kb, sb = kind(sb, gran if b_gran is None else b_gran, False)
-    return ops.scaled_mm(a, b_rows.t(), sa, sb, bias=bias, out_dtype=out_dtype, scale_kinds=(ka, kb))
+    return ops.scaled_mm(a, b_rows.t(), sa, sb, bias=bias, out_dtype=out_dtype, scale_granularity=(ka, kb))
 
 
 def _weight_casts(m, w_oi: torch.Tensor, plan: StepPlan, is_first_microbatch, want_dgrad: bool):

@@ -24,7 +24,7 @@ from .observe import observe_grad
 
 __all__ = ["direct_ok", "forward", "casts", "scaled_mm", "backward"]
 
-_TENSOR = int(ops.MmScale.TENSOR)
+_TENSOR = ops.mm_scale_code(Granularity.TENSOR)
 
 
 def direct_ok() -> bool:

@@ -58,7 +58,7 @@ class FP8LinearFunction(torch.autograd.Function):
             y = _direct.scaled_mm(fp8.xq, b, fp8.x_sinv, sb, bias=bias, out_dtype=plan.out_dtype)
         else:
             y = ops.scaled_mm(fp8.xq, b, fp8.x_sinv, sb, bias=bias, out_dtype=plan.out_dtype,
-                              scale_kinds=plan.consts.kinds)
+                              scale_granularity=plan.consts.gemm_grans)
         _save(ctx, x2, weight, bias, plan, fp8.xq, fp8.x_sinv, fp8.x_save, fp8.x_save_sinv, fp8.wq, fp8.wqt,
               fp8.w_sinv, fp8.pending)
         return y
@@ -83,11 +83,11 @@ class FP8LinearFunction(torch.autograd.Function):
             observe_grad(plan, dy2, gq, g_sinv, gran)
         if torch.is_grad_enabled():  # create_graph=True
             return _double_backward(ctx, dy2, gq, g_sinv, x_save, x_sinv, wq, w_sinv, gran)
-        kinds = plan.consts.kinds
+        grans = plan.consts.gemm_grans
         dx = dw = None
         if ctx.needs_input_grad[0]:  # dx = dy W (Linear) or dy W^T (in_out)
             b, sb = _weight_operand(wq, wqt, w_sinv, plan, dgrad=True)
-            dx = ops.scaled_mm(gq, b, g_sinv, sb, out_dtype=ctx.x_dtype, scale_kinds=kinds)
+            dx = ops.scaled_mm(gq, b, g_sinv, sb, out_dtype=ctx.x_dtype, scale_granularity=grans)
             b = sb = None
         if plan.w_recast is not None:  # the re-cast weight: freed once dgrad is done
             wq = wqt = None
@@ -96,10 +96,10 @@ class FP8LinearFunction(torch.autograd.Function):
             gw, gw_sinv = block_wgrad_cast(dy2, plan, rng)
         if ctx.needs_input_grad[1]:  # dW = dy^T x (Linear) or x^T dy (in_out)
             if plan.layout == "in_out":  # A = x^T (K, M): a cast's transpose or a view of x
-                dw = ops.scaled_mm(x_save, gw, x_sinv, gw_sinv, out_dtype=ctx.w_dtype, scale_kinds=kinds)
+                dw = ops.scaled_mm(x_save, gw, x_sinv, gw_sinv, out_dtype=ctx.w_dtype, scale_granularity=grans)
             else:  # B = x (M, K): for tn the M-contiguous view of the saved x^T
                 bx = x_save.t() if plan.tn else x_save
-                dw = ops.scaled_mm(gw, bx, gw_sinv, x_sinv, out_dtype=ctx.w_dtype, scale_kinds=kinds)
+                dw = ops.scaled_mm(gw, bx, gw_sinv, x_sinv, out_dtype=ctx.w_dtype, scale_granularity=grans)
         if db is not None and ctx.bias_dtype != torch.float32:
             db = db.to(ctx.bias_dtype)
         return dx, dw, db, None, None

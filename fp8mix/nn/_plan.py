@@ -14,7 +14,7 @@ from typing import Any, NamedTuple, Optional
 
 import torch
 
-from .._op_types import DelayedSpec, MmScale
+from .._op_types import DelayedSpec
 from ..formats import Format, Granularity, fp8_dtype
 from ..recipe import ROLES
 
@@ -124,8 +124,8 @@ class RecipeConsts:
     frozen): a layer's forward and backward read these instead of re-deriving them (a
     DelayedSpec, formats, granularities) on each call."""
 
-    __slots__ = ("delayed", "fmts", "dtypes", "spec", "stochastic", "eps", "block", "g_block", "kinds", "w_block2d",
-                 "python_algo", "one_op", "w_recastable")
+    __slots__ = ("delayed", "fmts", "dtypes", "spec", "stochastic", "eps", "block", "g_block", "gemm_grans",
+                 "w_block2d", "python_algo", "one_op", "w_recastable")
 
     def __init__(self, recipe):
         self.delayed = recipe.delayed()
@@ -138,8 +138,8 @@ class RecipeConsts:
         self.eps = float(getattr(recipe, "amax_epsilon", 0.0))
         self.block = recipe.granularity("input") == _BLOCK  # x in 1x128 tiles (and 128x128 for wgrad)
         self.g_block = recipe.granularity("grad_output") == _BLOCK
-        mm = MmScale.BLOCK if self.block else MmScale.TENSOR
-        self.kinds = (mm, mm)
+        # the GEMMs' scale granularities (A, B): 1x128 tiles times 128x128 blocks, or one value each
+        self.gemm_grans = (_BLOCK, _BLOCK2D) if self.block else (_TENSOR, _TENSOR)
         self.w_block2d = recipe.granularity("weight") == _BLOCK2D
         self.w_recastable = recipe.granularity("weight") in (_TENSOR, _BLOCK2D)  # backward may cast W again
         # whether x's and W's casts can be one op (Path.FUSED / ONE_OP)

@@ -27,7 +27,7 @@ def observe_grad(plan, dy2: torch.Tensor, gq: torch.Tensor, g_sinv: torch.Tensor
     if grad_stats.enabled():
         grad_stats.add(ops.quant_stats(dy2, gq, g_sinv, gran))
     if plan.monitor is not None:
-        plan.monitor.record(plan.name, "grad_output", dy2, gq, g_sinv, Granularity(gran).label, fmt=plan.fmts[_G],
+        plan.monitor.record(plan.name, "grad_output", dy2, gq, g_sinv, Granularity.of(gran).label, fmt=plan.fmts[_G],
                             scale=None, amax=None)
     if plan.auto_use >= 0:
         r = plan.recipe

@@ -104,9 +104,9 @@ def test_linear_backward_equals_the_separate_ops(delayed, want):
                               dx_dtype=torch.bfloat16, **kw)
     kw2 = dict(kw, pending=b) if delayed else {}
     gq, _, gs, _, cs = ops.grad_cast(dy, E5, colsum=True, **kw2)
-    k = (ops.MmScale.TENSOR, ops.MmScale.TENSOR)
-    dx = ops.scaled_mm(gq, wq, gs, ws, out_dtype=torch.bfloat16, scale_kinds=k) if want[0] else None
-    dw = ops.scaled_mm(gq.t(), xq, gs, xs, scale_kinds=k) if want[1] else None
+    k = (fp8mix.Granularity.TENSOR, fp8mix.Granularity.TENSOR)
+    dx = ops.scaled_mm(gq, wq, gs, ws, out_dtype=torch.bfloat16, scale_granularity=k) if want[0] else None
+    dw = ops.scaled_mm(gq.t(), xq, gs, xs, scale_granularity=k) if want[1] else None
     for g, e in ((got[0], dx), (got[1], dw)):
         assert g.numel() == 0 if e is None else _equal(g, e)
     assert _equal(got[2], cs) and _equal(got[3], gq) and _equal(got[4], gs)
@@ -311,7 +311,7 @@ def test_direct_calls_equal_torch_ops(record):
     xq, _, xs, _ = ops.quantize_current(x, E4)
     wq, _, ws, _ = ops.quantize_current(w, E4)
     bias = torch.randn(40).bfloat16()
-    t = int(ops.MmScale.TENSOR)
+    t = ops.mm_scale_code("tensor")
     _same(*_direct_and_op("scaled_mm", (xq, wq.t(), xs, ws, bias, torch.bfloat16, "fp32", 128, t, t))[:2])
     dy = torch.randn(29, 40) * 1e-2
     pend, slot = torch.full((4,), -1.0), torch.tensor(1)
@@ -367,13 +367,13 @@ def test_linear_forward_calls_equal_the_casts_then_scaled_mm(out_dtype, with_bia
     x, w = torch.randn(35, 64) * 4, torch.randn(24, 64) * 0.2
     x[1, 2] = float("inf")
     bias = torch.randn(24) if with_bias else None
-    k = (ops.MmScale.TENSOR, ops.MmScale.TENSOR)
+    k = (fp8mix.Granularity.TENSOR, fp8mix.Granularity.TENSOR)
     spec = ops.DelayedSpec(history_len=16)
     a, b = _state(), _state()
     got = _C.linear_delayed_forward(x, w, bias, out_dtype, *a, 0, 16, E4, E4, E5, 0, False, "max", 1, True, True)
     c = ops.linear_delayed_casts(x, w, *b, gemm=0, x_dtype=E4, w_dtype=E4, grad_dtype=E5, spec=spec, record=True,
                                  reserve=True)
-    y = ops.scaled_mm(c[0], c[4].t(), c[3], c[7], bias=bias, out_dtype=out_dtype, scale_kinds=k)
+    y = ops.scaled_mm(c[0], c[4].t(), c[3], c[7], bias=bias, out_dtype=out_dtype, scale_granularity=k)
     _same(got, (y, c[0], c[2], c[3], c[4], c[6], c[7], c[8], c[9], c[6][0:1]))
     for sa, sb in zip(a, b):
         assert torch.equal(sa, sb)
@@ -384,7 +384,7 @@ def test_linear_forward_calls_equal_the_casts_then_scaled_mm(out_dtype, with_bia
     assert got[0][1].isnan().all() and not ok[1]
     got = _C.linear_current_forward(x, w, bias, out_dtype, E4, E5, 1, False, 0.0)
     c = ops.linear_current_casts(x, w, x_dtype=E4, w_dtype=E5, margin=1)
-    y = ops.scaled_mm(c[0], c[4].t(), c[2], c[6], bias=bias, out_dtype=out_dtype, scale_kinds=k)
+    y = ops.scaled_mm(c[0], c[4].t(), c[2], c[6], bias=bias, out_dtype=out_dtype, scale_granularity=k)
     _same(got, (y, c[0], c[2], c[4], c[6], c[7]))
 
 
