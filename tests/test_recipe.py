@@ -17,7 +17,6 @@ scales (amax_epsilon, margin, power_2_scale, formats), and the point of block sc
 """
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import math
 
