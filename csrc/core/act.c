@@ -68,7 +68,7 @@ static float act_base(fp8mix_act_kind act, float a)
 }
 
 /* The scalar kernel: one loop per kind (no switch per element). */
-void fused_act_scalar(fp8mix_act_kind k, const float *a, const float *b, int64_t n, float *out)
+void fp8mix_fused_act_ref(fp8mix_act_kind k, const float *a, const float *b, int64_t n, float *out)
 {
     float (*f)(float);
     switch (k) {
@@ -103,11 +103,11 @@ typedef struct act_src {
     int64_t ld_h, cols; /* cols: produced values per row (F) */
     fp8mix_act_kind act;
     int gated;
-    const fused_kernels *K;
+    const fp8mix_fused_kernels *K;
 } act_src;
 
 /* h[i][j0 .. j0 + n) as float32: a pointer into h for float32 rows, else widened into dst. */
-static const float *load_seg(const act_src *A, const fused_kernels *K, int64_t i, int64_t j0, int64_t n,
+static const float *load_seg(const act_src *A, const fp8mix_fused_kernels *K, int64_t i, int64_t j0, int64_t n,
                              float *dst)
 {
     const uint8_t *row = A->h + (size_t)(i * A->ld_h) * dtype_size(A->ht);
@@ -119,7 +119,7 @@ static const float *load_seg(const act_src *A, const fused_kernels *K, int64_t i
 static void act_produce(const void *ctx, int64_t i, int64_t j0, int64_t n, float *buf)
 {
     const act_src *A = (const act_src *)ctx;
-    const fused_kernels *K = A->K;
+    const fp8mix_fused_kernels *K = A->K;
     float bb[FUSED_SEG];
     const float *a = load_seg(A, K, i, j0, n, buf);
     const float *b = A->gated ? load_seg(A, K, i, A->cols + j0, n, bb) : NULL;
@@ -139,7 +139,7 @@ static fp8mix_status act_setup(act_src *A, const void *h, fp8mix_dtype ht, int64
     A->cols = gated ? cols_in / 2 : cols_in;
     A->act = act;
     A->gated = gated;
-    A->K = fused_kernels_active();
+    A->K = fp8mix_fused_kernels_active();
     return FP8MIX_OK;
 }
 
@@ -149,8 +149,8 @@ fp8mix_status fp8mix_act_cast(const void *h, fp8mix_dtype ht, int64_t rows, int6
     act_src A;
     fp8mix_status st = act_setup(&A, h, ht, rows, cols_in, ld_h, act);
     if (st) return st;
-    fused_source src = {rows, A.cols, &A, NULL, act_produce};
-    return fused_cast_run(&src, out, opts);
+    fp8mix_fused_source src = {rows, A.cols, &A, NULL, act_produce};
+    return fp8mix_fused_cast_run(&src, out, opts);
 }
 
 fp8mix_status fp8mix_act_cast_delayed(const void *h, fp8mix_dtype ht, int64_t rows, int64_t cols_in,
@@ -162,6 +162,6 @@ fp8mix_status fp8mix_act_cast_delayed(const void *h, fp8mix_dtype ht, int64_t ro
     act_src A;
     fp8mix_status s = act_setup(&A, h, ht, rows, cols_in, ld_h, act);
     if (s) return s;
-    fused_source src = {rows, A.cols, &A, NULL, act_produce};
-    return fused_cast_delayed_run(&src, out, st, role, r, fresh_amax, record, opts, scales);
+    fp8mix_fused_source src = {rows, A.cols, &A, NULL, act_produce};
+    return fp8mix_fused_cast_delayed_run(&src, out, st, role, r, fresh_amax, record, opts, scales);
 }

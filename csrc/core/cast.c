@@ -24,9 +24,9 @@
 
 /* ---- scalar segment kernels ----------------------------------------------- */
 
-void fp8mix_cast_seg_scalar(const void *x, fp8mix_dtype xt, int64_t n, float scale,
-                            uint8_t *q, uint32_t *amax, const fp8_params *p,
-                            uint64_t seed, uint64_t rng_start)
+void fp8mix_cast_seg_ref(const void *x, fp8mix_dtype xt, int64_t n, float scale,
+                         uint8_t *q, uint32_t *amax, const fp8_params *p,
+                         uint64_t seed, uint64_t rng_start)
 {
     uint32_t m = *amax;
     uint32_t r[64];
@@ -46,8 +46,8 @@ void fp8mix_cast_seg_scalar(const void *x, fp8mix_dtype xt, int64_t n, float sca
     *amax = m;
 }
 
-void fp8mix_dequant_seg_scalar(const uint8_t *q, int64_t n, const float *table,
-                               float scale_inv, void *out, fp8mix_dtype out_t)
+void fp8mix_dequant_seg_ref(const uint8_t *q, int64_t n, const float *table,
+                            float scale_inv, void *out, fp8mix_dtype out_t)
 {
     for (int64_t i = 0; i < n; i++) {
         float v = table[q[i]] * scale_inv;

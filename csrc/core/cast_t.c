@@ -37,8 +37,8 @@ typedef struct ct_job {
 
 /* The portable transposed widening read (internal.h); the x86 variant is
  * x86/widen_t_avx2.c, which hands its ragged edges back here. */
-void fp8mix_widen_t_scalar(const void *x, fp8mix_dtype xt, int64_t ld_x, int64_t rows, int64_t cols, float *buf,
-                           int64_t ldb)
+void fp8mix_widen_t_ref(const void *x, fp8mix_dtype xt, int64_t ld_x, int64_t rows, int64_t cols, float *buf,
+                        int64_t ldb)
 {
     for (int64_t i = 0; i < rows; i++) {
         const uint8_t *row = (const uint8_t *)x + (size_t)(i * ld_x) * dtype_size(xt);

@@ -96,10 +96,10 @@ const char *fp8mix_isa_name(fp8mix_isa isa)
     return "unknown";
 }
 
-static const fp8mix_kernels k_scalar = {fp8mix_cast_seg_scalar, fp8mix_dequant_seg_scalar, fp8mix_widen_t_scalar};
+static const fp8mix_kernels k_scalar = {fp8mix_cast_seg_ref, fp8mix_dequant_seg_ref, fp8mix_widen_t_ref};
 #if FP8MIX_X86
-static const fp8mix_kernels k_avx2 = {fp8mix_cast_seg_avx2, fp8mix_dequant_seg_avx2, fp8mix_widen_t_avx2};
-static const fp8mix_kernels k_avx512 = {fp8mix_cast_seg_avx512, fp8mix_dequant_seg_avx512, fp8mix_widen_t_avx2};
+static const fp8mix_kernels k_avx2 = {fp8mix_cast_seg__avx2, fp8mix_dequant_seg__avx2, fp8mix_widen_t__avx2};
+static const fp8mix_kernels k_avx512 = {fp8mix_cast_seg__avx512, fp8mix_dequant_seg__avx512, fp8mix_widen_t__avx2};
 #endif
 
 const fp8mix_kernels *fp8mix_kernels_active(void)
@@ -118,9 +118,9 @@ const fp8mix_kernels *fp8mix_kernels_active(void)
  * AVX2 epilogue: both are a small part of the work, and AVX2 is part of every
  * ISA level above scalar. */
 
-static const fp8mix_gemm_ukernel uk_scalar = {4, 16, 0, fp8mix_gemm_ukernel_f32_4x16__scalar,
-                                              fp8mix_gemm_pack_krows__scalar, fp8mix_gemm_pack_kcols__scalar,
-                                              fp8mix_gemm_scale_rows__scalar, "f32_4x16__scalar", NULL, NULL};
+static const fp8mix_gemm_ukernel uk_scalar = {4, 16, 0, fp8mix_gemm_ukernel_f32_4x16_ref,
+                                              fp8mix_gemm_pack_krows_ref, fp8mix_gemm_pack_kcols_ref,
+                                              fp8mix_gemm_scale_rows_ref, "f32_4x16__scalar", NULL, NULL};
 #if FP8MIX_X86
 static const fp8mix_gemm_ukernel uk_avx2 = {6, 16, 0, fp8mix_gemm_ukernel_f32_6x16__avx2,
                                             fp8mix_gemm_pack_krows__avx2, fp8mix_gemm_pack_kcols__avx2,

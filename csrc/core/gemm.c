@@ -234,8 +234,8 @@ static inline void scale_bias_row(float *dst, const float *src, float s, const f
     }
 }
 
-void fp8mix_gemm_scale_rows__scalar(float *out, int64_t ldo, const float *vals, int64_t ldv, int64_t rows, int64_t n,
-                                    const float *sa, int per_row, float sb, const float *bias)
+void fp8mix_gemm_scale_rows_ref(float *out, int64_t ldo, const float *vals, int64_t ldv, int64_t rows, int64_t n,
+                                const float *sa, int per_row, float sb, const float *bias)
 {
     for (int64_t r = 0; r < rows; r++) scale_bias_row(out + r * ldo, vals + r * ldv, sa[per_row ? r : 0] * sb, bias, n);
 }
@@ -264,7 +264,7 @@ void fp8mix_gemm_epilogue_rows(const fp8mix_gemm_args *g, fp8mix_gemm_scale_rows
 void fp8mix_gemm_epilogue(const fp8mix_gemm_args *g, int64_t i0, int64_t rows, int64_t j0, int64_t n, float *vals,
                           int64_t ldv)
 {
-    fp8mix_gemm_epilogue_rows(g, fp8mix_gemm_scale_rows__scalar, i0, rows, j0, n, vals, ldv);
+    fp8mix_gemm_epilogue_rows(g, fp8mix_gemm_scale_rows_ref, i0, rows, j0, n, vals, ldv);
 }
 
 static inline float trunc22(float x)
@@ -329,9 +329,9 @@ fp8mix_status fp8mix_gemm_ref(const fp8mix_gemm_args *g)
 
 /* ---- portable microkernel ----------------------------------------------- */
 
-void fp8mix_gemm_ukernel_f32_4x16__scalar(int64_t kc, const void *ap, const void *bp,
-                                          float *c, int64_t ldc, int load_c,
-                                          const float *rs)
+void fp8mix_gemm_ukernel_f32_4x16_ref(int64_t kc, const void *ap, const void *bp,
+                                      float *c, int64_t ldc, int load_c,
+                                      const float *rs)
 {
     enum { MR = 4, NR = 16 };
     const float *a = (const float *)ap, *b = (const float *)bp;
@@ -381,16 +381,16 @@ static void pack_zero_rows(int nv, int w, int64_t kc, int bf16, void *dst)
         for (int r = nv; r < w; r++) ((uint32_t *)dst)[t * w + r] = 0u;
 }
 
-void fp8mix_gemm_pack_krows__scalar(const uint8_t *src, int64_t ld, int nv, int w, int64_t kc,
-                                    fp8mix_format fmt, int bf16, void *dst)
+void fp8mix_gemm_pack_krows_ref(const uint8_t *src, int64_t ld, int nv, int w, int64_t kc,
+                                fp8mix_format fmt, int bf16, void *dst)
 {
     const float *t = fp8mix_decode_table(fmt);
     for (int r = 0; r < nv; r++) pack_line(t, src + r * ld, 1, kc, w, bf16, (uint32_t *)dst + r);
     pack_zero_rows(nv, w, kc, bf16, dst);
 }
 
-void fp8mix_gemm_pack_kcols__scalar(const uint8_t *src, int64_t ld, int nv, int w, int64_t kc,
-                                    fp8mix_format fmt, int bf16, void *dst)
+void fp8mix_gemm_pack_kcols_ref(const uint8_t *src, int64_t ld, int nv, int w, int64_t kc,
+                                fp8mix_format fmt, int bf16, void *dst)
 {
     const float *t = fp8mix_decode_table(fmt);
     for (int r = 0; r < nv; r++) pack_line(t, src + r, ld, kc, w, bf16, (uint32_t *)dst + r);

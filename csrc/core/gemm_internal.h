@@ -86,15 +86,15 @@ typedef struct fp8mix_gemm_ukernel {
     fp8mix_gemm_ukernel_blocks_fn fn_blocks; /* NULL: fn once per block */
 } fp8mix_gemm_ukernel;
 
-void fp8mix_gemm_ukernel_f32_4x16__scalar(int64_t kc, const void *a, const void *b,
-                                          float *c, int64_t ldc, int load_c,
-                                          const float *rs);
-void fp8mix_gemm_pack_krows__scalar(const uint8_t *src, int64_t ld, int nv, int w, int64_t kc,
-                                    fp8mix_format fmt, int bf16, void *dst);
-void fp8mix_gemm_pack_kcols__scalar(const uint8_t *src, int64_t ld, int nv, int w, int64_t kc,
-                                    fp8mix_format fmt, int bf16, void *dst);
-void fp8mix_gemm_scale_rows__scalar(float *out, int64_t ldo, const float *vals, int64_t ldv, int64_t rows, int64_t n,
-                                    const float *sa, int per_row, float sb, const float *bias);
+void fp8mix_gemm_ukernel_f32_4x16_ref(int64_t kc, const void *a, const void *b,
+                                      float *c, int64_t ldc, int load_c,
+                                      const float *rs);
+void fp8mix_gemm_pack_krows_ref(const uint8_t *src, int64_t ld, int nv, int w, int64_t kc,
+                                fp8mix_format fmt, int bf16, void *dst);
+void fp8mix_gemm_pack_kcols_ref(const uint8_t *src, int64_t ld, int nv, int w, int64_t kc,
+                                fp8mix_format fmt, int bf16, void *dst);
+void fp8mix_gemm_scale_rows_ref(float *out, int64_t ldo, const float *vals, int64_t ldv, int64_t rows, int64_t n,
+                                const float *sa, int per_row, float sb, const float *bias);
 #if defined(__x86_64__) || defined(_M_X64)
 void fp8mix_gemm_ukernel_f32_6x16__avx2(int64_t kc, const void *a, const void *b,
                                         float *c, int64_t ldc, int load_c,

@@ -66,30 +66,30 @@ typedef struct fp8mix_kernels {
 /* Kernel table for the active ISA (never NULL). */
 const fp8mix_kernels *fp8mix_kernels_active(void);
 
-void fp8mix_cast_seg_scalar(const void *x, fp8mix_dtype xt, int64_t n,
-                            float scale, uint8_t *q, uint32_t *amax,
-                            const fp8_params *p, uint64_t seed,
-                            uint64_t rng_index);
-void fp8mix_dequant_seg_scalar(const uint8_t *q, int64_t n, const float *table,
-                               float scale_inv, void *out, fp8mix_dtype out_t);
-void fp8mix_widen_t_scalar(const void *x, fp8mix_dtype xt, int64_t ld_x, int64_t rows,
-                           int64_t cols, float *buf, int64_t ldb);
+void fp8mix_cast_seg_ref(const void *x, fp8mix_dtype xt, int64_t n,
+                         float scale, uint8_t *q, uint32_t *amax,
+                         const fp8_params *p, uint64_t seed,
+                         uint64_t rng_index);
+void fp8mix_dequant_seg_ref(const uint8_t *q, int64_t n, const float *table,
+                            float scale_inv, void *out, fp8mix_dtype out_t);
+void fp8mix_widen_t_ref(const void *x, fp8mix_dtype xt, int64_t ld_x, int64_t rows,
+                        int64_t cols, float *buf, int64_t ldb);
 #if defined(__x86_64__) || defined(_M_X64)
 #define FP8MIX_X86 1
-void fp8mix_cast_seg_avx2(const void *x, fp8mix_dtype xt, int64_t n,
-                          float scale, uint8_t *q, uint32_t *amax,
-                          const fp8_params *p, uint64_t seed,
-                          uint64_t rng_index);
-void fp8mix_dequant_seg_avx2(const uint8_t *q, int64_t n, const float *table,
-                             float scale_inv, void *out, fp8mix_dtype out_t);
-void fp8mix_widen_t_avx2(const void *x, fp8mix_dtype xt, int64_t ld_x, int64_t rows,
-                         int64_t cols, float *buf, int64_t ldb);
-void fp8mix_cast_seg_avx512(const void *x, fp8mix_dtype xt, int64_t n,
-                            float scale, uint8_t *q, uint32_t *amax,
-                            const fp8_params *p, uint64_t seed,
-                            uint64_t rng_index);
-void fp8mix_dequant_seg_avx512(const uint8_t *q, int64_t n, const float *table,
-                               float scale_inv, void *out, fp8mix_dtype out_t);
+void fp8mix_cast_seg__avx2(const void *x, fp8mix_dtype xt, int64_t n,
+                           float scale, uint8_t *q, uint32_t *amax,
+                           const fp8_params *p, uint64_t seed,
+                           uint64_t rng_index);
+void fp8mix_dequant_seg__avx2(const uint8_t *q, int64_t n, const float *table,
+                              float scale_inv, void *out, fp8mix_dtype out_t);
+void fp8mix_widen_t__avx2(const void *x, fp8mix_dtype xt, int64_t ld_x, int64_t rows,
+                          int64_t cols, float *buf, int64_t ldb);
+void fp8mix_cast_seg__avx512(const void *x, fp8mix_dtype xt, int64_t n,
+                             float scale, uint8_t *q, uint32_t *amax,
+                             const fp8_params *p, uint64_t seed,
+                             uint64_t rng_index);
+void fp8mix_dequant_seg__avx512(const uint8_t *q, int64_t n, const float *table,
+                                float scale_inv, void *out, fp8mix_dtype out_t);
 #endif
 
 /* Byte transpose: dst[j * ld_dst + i] = src[i * ld_src + j] for i < rows, j < cols. */
@@ -98,10 +98,10 @@ void fp8mix_transpose_u8(const uint8_t *src, int64_t ld_src, uint8_t *dst, int64
 void fp8mix_transpose_u8_ref(const uint8_t *src, int64_t ld_src, uint8_t *dst, int64_t ld_dst,
                              int64_t rows, int64_t cols);
 #if FP8MIX_X86
-void fp8mix_transpose_u8_sse2(const uint8_t *src, int64_t ld_src, uint8_t *dst, int64_t ld_dst, int64_t rows,
-                              int64_t cols);
-void fp8mix_transpose_u8_lines_sse2(const uint8_t *src, int64_t ld_src, uint8_t *dst, int64_t ld_dst, int64_t rows,
-                                    int64_t cols, int stream);
+void fp8mix_transpose_u8__sse2(const uint8_t *src, int64_t ld_src, uint8_t *dst, int64_t ld_dst, int64_t rows,
+                               int64_t cols);
+void fp8mix_transpose_u8_lines__sse2(const uint8_t *src, int64_t ld_src, uint8_t *dst, int64_t ld_dst, int64_t rows,
+                                     int64_t cols, int stream);
 #endif
 /* The cast+transpose tile: like fp8mix_transpose_u8, writing each destination
  * row's piece whole (streamed past the caches when `stream`). */

@@ -28,8 +28,8 @@
 
 /* Written from the header's definitions, on float values; the SIMD variants
  * classify bytes instead and must agree bit for bit. */
-void fp8mix_stats_seg_scalar(fp8mix_stats_acc *a, const void *x, fp8mix_dtype xt, const uint8_t *q, int64_t n,
-                             const fp8mix_stats_seg *s)
+void fp8mix_stats_seg_ref(fp8mix_stats_acc *a, const void *x, fp8mix_dtype xt, const uint8_t *q, int64_t n,
+                          const fp8mix_stats_seg *s)
 {
     const float *tab = s->table;
     for (int64_t t = 0; t < n; t++) {
@@ -75,10 +75,10 @@ static fp8mix_stats_seg_fn stats_kernel(void)
 {
 #if FP8MIX_X86
     fp8mix_cast_seg_fn cast = fp8mix_kernels_active()->cast_seg;
-    if (cast == fp8mix_cast_seg_avx512) return fp8mix_stats_seg_avx512;
-    if (cast == fp8mix_cast_seg_avx2) return fp8mix_stats_seg_avx2;
+    if (cast == fp8mix_cast_seg__avx512) return fp8mix_stats_seg__avx512;
+    if (cast == fp8mix_cast_seg__avx2) return fp8mix_stats_seg__avx2;
 #endif
-    return fp8mix_stats_seg_scalar;
+    return fp8mix_stats_seg_ref;
 }
 
 /* ---- per-segment parameters ---------------------------------------------- */

@@ -56,13 +56,13 @@ typedef void (*fp8mix_stats_seg_fn)(fp8mix_stats_acc *a, const void *x, fp8mix_d
                                     int64_t n, const fp8mix_stats_seg *s);
 
 /* The scalar reference: the oracle of every variant. */
-void fp8mix_stats_seg_scalar(fp8mix_stats_acc *a, const void *x, fp8mix_dtype xt, const uint8_t *q, int64_t n,
-                             const fp8mix_stats_seg *s);
+void fp8mix_stats_seg_ref(fp8mix_stats_acc *a, const void *x, fp8mix_dtype xt, const uint8_t *q, int64_t n,
+                          const fp8mix_stats_seg *s);
 #if FP8MIX_X86
-void fp8mix_stats_seg_avx2(fp8mix_stats_acc *a, const void *x, fp8mix_dtype xt, const uint8_t *q, int64_t n,
-                           const fp8mix_stats_seg *s);
-void fp8mix_stats_seg_avx512(fp8mix_stats_acc *a, const void *x, fp8mix_dtype xt, const uint8_t *q, int64_t n,
-                             const fp8mix_stats_seg *s);
+void fp8mix_stats_seg__avx2(fp8mix_stats_acc *a, const void *x, fp8mix_dtype xt, const uint8_t *q, int64_t n,
+                            const fp8mix_stats_seg *s);
+void fp8mix_stats_seg__avx512(fp8mix_stats_acc *a, const void *x, fp8mix_dtype xt, const uint8_t *q, int64_t n,
+                              const fp8mix_stats_seg *s);
 #endif
 
 /* Histogram bin of the finite non-zero |x| = ax under the segment's scale:

@@ -572,7 +572,7 @@ static void test_widen_t(void)
                     for (int64_t pad = 0; pad <= PAD; pad += PAD) {
                         memset(ref, 0xA5, sizeof ref);
                         memset(got, 0xA5, sizeof got);
-                        fp8mix_widen_t_scalar(xw, t, c + pad, r, c, ref, LDB);
+                        fp8mix_widen_t_ref(xw, t, c + pad, r, c, ref, LDB);
                         kern->widen_t(xw, t, c + pad, r, c, got, LDB);
                         for (int i = 0; i < MAXC * LDB; i++) {
                             uint32_t a = f32_bits(ref[i]), b = f32_bits(got[i]);

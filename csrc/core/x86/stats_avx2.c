@@ -148,8 +148,8 @@ static uint32_t hred(__m256i v, int want_max)
     return r;
 }
 
-void fp8mix_stats_seg_avx2(fp8mix_stats_acc *a, const void *x, fp8mix_dtype xt, const uint8_t *q, int64_t n,
-                           const fp8mix_stats_seg *s)
+void fp8mix_stats_seg__avx2(fp8mix_stats_acc *a, const void *x, fp8mix_dtype xt, const uint8_t *q, int64_t n,
+                            const fp8mix_stats_seg *s)
 {
     run256 r;
     for (int k = 0; k < STATS_SUMS; k++)

@@ -113,8 +113,8 @@ static void flush_counts(run512 *r, fp8mix_stats_acc *a)
     r->nz = r->nan = r->nonfin = r->und = r->sat = r->ovf = r->sub = _mm512_setzero_si512();
 }
 
-void fp8mix_stats_seg_avx512(fp8mix_stats_acc *a, const void *x, fp8mix_dtype xt, const uint8_t *q, int64_t n,
-                             const fp8mix_stats_seg *s)
+void fp8mix_stats_seg__avx512(fp8mix_stats_acc *a, const void *x, fp8mix_dtype xt, const uint8_t *q, int64_t n,
+                              const fp8mix_stats_seg *s)
 {
     run512 r;
     for (int k = 0; k < STATS_SUMS; k++)
