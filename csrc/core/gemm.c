@@ -17,7 +17,7 @@
  *   - TENSOR / OUTER: v = (sa_i * sb_j) * sum;
  *     BLOCK: acc = +0; for kb = 0, 1, ...: acc = acc + part_kb * (sa[i][kb] *
  *     sb[kb][j / 128]) (each operation rounded to float32, no FMA); v = acc;
- *     MX: the same with 32-deep K runs and (sa[i][kb] * sb[j][kb]) (mx.c);
+ *     MX: the same with 32-deep K runs and (sa[i][kb] * sb[j][kb]) (gemm_mx.c);
  *   - with bias: v = v + bias_j (bias widened to float32 exactly);
  *   - v is rounded once to out_t (nearest even, NaN stays NaN).
  *

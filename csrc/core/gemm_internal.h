@@ -163,6 +163,9 @@ int fp8mix_gemm_epilogue_simple(const fp8mix_gemm_args *g);
 fp8mix_status fp8mix_gemm_blocked(const fp8mix_gemm_args *g);
 fp8mix_status fp8mix_gemm_blocked_with(const fp8mix_gemm_args *g, const fp8mix_gemm_ukernel *uk);
 fp8mix_status fp8mix_gemm_fp22(const fp8mix_gemm_args *g);
+/* The MX driver (gemm_mx.c), also called by fp8mix_gemm_ref: its own plain loop
+ * is the rule (see fp8mix.h). */
+fp8mix_status fp8mix_gemm_mx(const fp8mix_gemm_args *g);
 
 /* The scalar reference: a plain loop over (i, j, k) implementing the exact
  * rules of fp8mix_gemm (see gemm.c).  Same checks and status codes.  The

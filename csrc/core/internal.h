@@ -155,13 +155,10 @@ static inline int64_t scale_index(fp8mix_granularity g, int64_t i, int64_t j,
     default: return (i / FP8MIX_BLOCK) * ceil_div(cols, FP8MIX_BLOCK) + j / FP8MIX_BLOCK;
     }
 }
-/* MX (mx.c): the scale 2^-e and scale_inv 2^e of one block with amax bits m
- * (the fused current-scaling casts of cast.c use it for GRAN_MX). */
+/* MX (scale.c): the scale 2^-e and scale_inv 2^e of one block with amax bits m
+ * (cast.c's fused current-scaling path for GRAN_MX, and cast_mx.c). */
 void fp8mix_mx_block_scale(uint32_t amax_bits, fp8mix_format fmt, fp8mix_mx_rule rule, int margin, float eps,
                            float *scale, float *scale_inv);
-/* The MX GEMM driver (mx.c), called by fp8mix_gemm / fp8mix_gemm_ref after the
- * checks; its own plain loop is the rule (see fp8mix.h). */
-fp8mix_status fp8mix_gemm_mx(const fp8mix_gemm_args *g);
 
 /* Nonzero unless every one of n scales is finite and > 0. */
 int fp8mix_scales_bad(const float *s, int64_t n);
