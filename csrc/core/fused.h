@@ -47,8 +47,8 @@ fp8mix_status fp8mix_fused_cast_delayed_run(const fp8mix_fused_source *src, cons
                                             const fp8mix_cast_opts *opts, float scales[2]);
 
 /* ---- producer kernels ----------------------------------------------------
- * The arithmetic of the sources, per ISA: the scalar versions (norm.c,
- * act.c) are the oracle; the AVX2 / AVX-512 ones (x86/fused_*.c) run the
+ * The arithmetic of the sources, per ISA: the scalar versions (fused_ref.c)
+ * are the oracle; the AVX2 / AVX-512 ones (x86/fused_*.c) run the
  * same float32 / float64 operations in the same order (no FMA), so every
  * output bit is the same, which the tests check. */
 typedef struct fp8mix_fused_kernels {
@@ -63,7 +63,7 @@ typedef struct fp8mix_fused_kernels {
     void (*act)(fp8mix_act_kind k, const float *a, const float *b, int64_t n, float *out);
 } fp8mix_fused_kernels;
 
-/* The kernels of the active ISA (never NULL). */
+/* The kernels of the active ISA (never NULL), chosen in dispatch.c. */
 const fp8mix_fused_kernels *fp8mix_fused_kernels_active(void);
 
 void fp8mix_fused_widen_ref(const void *src, fp8mix_dtype t, int64_t n, float *dst);
@@ -84,7 +84,7 @@ void fp8mix_fused_norm_apply__avx512(const float *v, int64_t n, float m, float r
 void fp8mix_fused_act__avx512(fp8mix_act_kind k, const float *a, const float *b, int64_t n, float *out);
 #endif
 
-/* Constants of act.c's exponential and sigmoid forms, shared with the SIMD
+/* Constants of fused_ref.c's exponential and sigmoid forms, shared with the SIMD
  * kernels (fp8mix.h, fp8mix_act_ref, gives the formulas). */
 #define ACT_LOG2E 1.44269504088896341f
 #define ACT_LN2_HI 0.693359375f        /* 10 significant bits: n * LN2_HI is exact */

@@ -10,7 +10,8 @@
  *   current TENSOR/BLOCK2D two passes: amaxes of every tile, scales, cast.
  * amaxes fold as unsigned maxima of |v|'s bits (atomics across tasks), so no
  * result depends on the split or the thread count.  Not here: what the
- * values are (norm.c, act.c) and how bytes are encoded (cast kernels).
+ * values are (norm.c, act.c), how bytes are encoded (the cast kernels), which
+ * ISA's kernels run (dispatch.c).
  */
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -21,26 +22,6 @@
 #define FUSED_GRAIN (1 << 15)  /* produced values per worker before threads pay off */
 
 enum { PASS_AMAX = 0, PASS_CAST = 1 };
-
-static const fp8mix_fused_kernels k_scalar = {fp8mix_fused_widen_ref, fp8mix_fused_lane_sums_ref,
-                                              fp8mix_fused_norm_apply_ref, fp8mix_fused_act_ref};
-#if FP8MIX_X86
-static const fp8mix_fused_kernels k_avx2 = {fp8mix_fused_widen__avx2, fp8mix_fused_lane_sums__avx2,
-                                            fp8mix_fused_norm_apply__avx2, fp8mix_fused_act__avx2};
-static const fp8mix_fused_kernels k_avx512 = {fp8mix_fused_widen__avx512, fp8mix_fused_lane_sums__avx512,
-                                              fp8mix_fused_norm_apply__avx512, fp8mix_fused_act__avx512};
-#endif
-
-const fp8mix_fused_kernels *fp8mix_fused_kernels_active(void)
-{
-    fp8mix_isa isa = fp8mix_active_isa();
-#if FP8MIX_X86
-    if (isa >= FP8MIX_ISA_AVX512) return &k_avx512;
-    if (isa >= FP8MIX_ISA_AVX2) return &k_avx2;
-#endif
-    (void)isa;
-    return &k_scalar;
-}
 
 typedef struct fused_job {
     const fp8mix_fused_source *src;

@@ -4,7 +4,8 @@
  * normalized values in float32 segments that the fused engine (fused_cast.c)
  * casts while they are in cache.  The statistics are kept (mean, rstd) for
  * the norm's backward, which is the caller's (torch).  Not here: the
- * backward, the activation casts (act.c).
+ * per-element arithmetic (the active ISA's kernels: fused_ref.c,
+ * x86/fused_*.c), the backward, the activation casts (act.c).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -23,36 +24,6 @@ typedef struct norm_src {
     int stats_given;
     const fp8mix_fused_kernels *K;
 } norm_src;
-
-/* ---- scalar kernels (fused.h's oracle) ---------------------------------------- */
-
-void fp8mix_fused_widen_ref(const void *src, fp8mix_dtype t, int64_t n, float *dst)
-{
-    for (int64_t k = 0; k < n; k++) dst[k] = load_f32(src, t, k);
-}
-
-void fp8mix_fused_lane_sums_ref(const float *v, int64_t n, int squares, double c, double lanes[8])
-{
-    if (squares)
-        for (int64_t t = 0; t < n; t++) {
-            double d = (double)v[t] - c;
-            lanes[t & 7] += d * d;
-        }
-    else
-        for (int64_t t = 0; t < n; t++) lanes[t & 7] += (double)v[t];
-}
-
-void fp8mix_fused_norm_apply_ref(const float *v, int64_t n, float m, float r, const float *g, const float *b,
-                                 float *out)
-{
-    for (int64_t t = 0; t < n; t++) out[t] = (v[t] - m) * r;
-    if (g)
-        for (int64_t t = 0; t < n; t++) out[t] = out[t] * g[t];
-    if (b)
-        for (int64_t t = 0; t < n; t++) out[t] = out[t] + b[t];
-}
-
-/* ---- the source ------------------------------------------------------------------ */
 
 /* x[i][j0 .. j0 + n) as float32: a pointer into x itself for float32 rows,
  * else widened into buf. */

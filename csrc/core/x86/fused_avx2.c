@@ -1,10 +1,10 @@
 /*
  * fused_avx2.c — AVX2 (+F16C) kernels of the fused producer casts (fused.h):
  * widening to float32, the norm's float64 lane sums and affine step, and the
- * activations with act.c's exponential, 8 floats per step.  Every lane runs
- * the scalar kernel's IEEE operations in the same order (plain mul / add /
- * div, no FMA; the 8 float64 lanes of a sum are two registers of 4), so the
- * bits are the scalar ones; tails go to the scalar kernels.
+ * activations with fused_ref.c's exponential, 8 floats per step.  Every lane
+ * runs the scalar kernel's IEEE operations in the same order (plain mul / add
+ * / div, no FMA; the 8 float64 lanes of a sum are two registers of 4), so the
+ * bits are the scalar ones (fused_ref.c); tails go to the scalar kernels.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -61,7 +61,7 @@ void fp8mix_fused_norm_apply__avx2(const float *v, int64_t n, float m, float r, 
     fp8mix_fused_norm_apply_ref(v + t, n - t, m, r, g ? g + t : NULL, b ? b + t : NULL, out + t);
 }
 
-/* act.c's act_exp, 8 lanes: the same reduction, polynomial and 2^n factors;
+/* fused_ref.c's act_exp, 8 lanes: the same reduction, polynomial and 2^n factors;
  * NaN, overflow and underflow lanes selected at the end. */
 static inline __m256 exp8(__m256 x)
 {

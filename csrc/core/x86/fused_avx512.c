@@ -2,7 +2,7 @@
  * fused_avx512.c — AVX-512 (F/BW/VL/DQ) kernels of the fused producer casts
  * (fused.h), 16 floats per step: widening, the norm's float64 lane sums (the
  * 8 lanes are one register, fed twice per 16 floats in element order) and
- * affine step, and the activations with act.c's exponential.  Every lane
+ * affine step, and the activations with fused_ref.c's exponential.  Every lane
  * runs the scalar kernel's IEEE operations in the same order (no FMA), so
  * the bits are the scalar ones; tails go to the scalar kernels.
  */
@@ -58,7 +58,7 @@ void fp8mix_fused_norm_apply__avx512(const float *v, int64_t n, float m, float r
     fp8mix_fused_norm_apply_ref(v + t, n - t, m, r, g ? g + t : NULL, b ? b + t : NULL, out + t);
 }
 
-/* act.c's act_exp, 16 lanes (see fused_avx2.c's exp8). */
+/* fused_ref.c's act_exp, 16 lanes (see fused_avx2.c's exp8). */
 static inline __m512 exp16(__m512 x)
 {
     const __m512 rnd = _mm512_set1_ps(ACT_ROUND);
