@@ -1,7 +1,7 @@
 /*
  * dispatch.c — read the CPU's features once and pick the kernels: the cast
- * segment kernels, the fused producer kernels, and the GEMM microkernel with
- * its packing.  The only place that knows which ISAs exist and which variant
+ * segment kernels, the quant_stats segment kernel, the fused producer kernels,
+ * and the GEMM microkernel with its packing.  The only place that knows which ISAs exist and which variant
  * each one runs; a limit (fp8mix_set_max_isa or FP8MIX_MAX_ISA) lets tests run
  * every variant on one machine.  Its tables name kernels only (the *_ref.c
  * files, gemm_epilogue.c's scale_rows, x86/): nothing it names calls back
@@ -15,6 +15,7 @@
 
 #include "fused.h"
 #include "gemm_internal.h"
+#include "stats_kernels.h"
 
 #if FP8MIX_X86 && (defined(__GNUC__) || defined(__clang__))
 #include <cpuid.h>
@@ -117,6 +118,19 @@ const fp8mix_kernels *fp8mix_kernels_active(void)
 #endif
     (void)isa;
     return &k_scalar;
+}
+
+/* ---- quant_stats segment kernels (stats_kernels.h) ---------------------------- */
+
+fp8mix_stats_seg_fn fp8mix_stats_kernel_active(void)
+{
+    fp8mix_isa isa = fp8mix_active_isa();
+#if FP8MIX_X86
+    if (isa >= FP8MIX_ISA_AVX512) return fp8mix_stats_seg__avx512;
+    if (isa >= FP8MIX_ISA_AVX2) return fp8mix_stats_seg__avx2;
+#endif
+    (void)isa;
+    return fp8mix_stats_seg_ref;
 }
 
 /* ---- fused producer kernels (fused.h) -------------------------------------- */

@@ -2,9 +2,9 @@
  * stats_avx2.c — AVX2 (+F16C) segment kernel of fp8mix_quant_stats.  A step
  * is 16 elements in two halves of 8 lanes, lane t feeding partial sum t (the
  * header's fixed order), so the float64 sums are bit-identical to the scalar
- * reference in stats.c.  Counts classify q's bytes (signed compares suffice:
- * every compared value is below 2^31).  tests/c/test_stats.c checks every
- * variant against the scalar kernel bit for bit.
+ * reference in stats_ref.c.  Counts classify q's bytes (signed compares
+ * suffice: every compared value is below 2^31).  tests/c/test_stats.c checks
+ * every variant against the scalar kernel bit for bit.
  */
 #include <immintrin.h>
 

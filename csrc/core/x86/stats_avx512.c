@@ -1,7 +1,7 @@
 /*
  * stats_avx512.c — AVX-512 (F/BW/VL/DQ) segment kernel of fp8mix_quant_stats,
  * 16 lanes: lane t of a step feeds partial sum t (the header's fixed order),
- * so the float64 sums are bit-identical to the scalar reference in stats.c.
+ * so the float64 sums are bit-identical to the scalar reference in stats_ref.c.
  * The counts classify q's bytes instead of comparing decoded values (equal by
  * the formats' encodings); tests/c/test_stats.c checks every variant against
  * the scalar kernel bit for bit.
