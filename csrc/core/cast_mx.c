@@ -1,7 +1,7 @@
 /*
- * cast_mx.c — MX quantisation (OCP Microscaling v1.0, MXFP8; fp8mix_quantize_mx):
- * one power-of-two scale per 1x32 block, row-wise and, for the wgrad operand,
- * transposed (a second quantisation of x^T read from x).
+ * cast_mx.c — MX quantisation (OCP Microscaling v1.0, MXFP8;
+ * fp8mix_quantize_mx): one power-of-two scale per 1x32 block, row-wise and,
+ * for the wgrad operand, transposed (a second quantisation of x^T read from x).
  *
  * The row-wise quantisation is cast.c's fused current-scaling path with
  * GRAN_MX (one 32-element segment per block, the active ISA's segment kernel,

@@ -63,9 +63,12 @@ typedef struct fp8mix_kernels {
     fp8mix_widen_t_fn widen_t;
 } fp8mix_kernels;
 
-/* Kernel table for the active ISA (never NULL). */
+/* Kernel table for the active ISA (never NULL), chosen in dispatch.c. */
 const fp8mix_kernels *fp8mix_kernels_active(void);
 
+/* The portable kernels (cast_ref.c): the scalar ISA's, and the oracle of the
+ * x86 variants (x86/cast_*.c, x86/widen_t_avx2.c; AVX-512 reuses the AVX2
+ * widen_t). */
 void fp8mix_cast_seg_ref(const void *x, fp8mix_dtype xt, int64_t n,
                          float scale, uint8_t *q, uint32_t *amax,
                          const fp8_params *p, uint64_t seed,

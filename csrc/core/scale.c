@@ -61,7 +61,6 @@ int fp8mix_mx_exponent(float amax, fp8mix_format fmt, fp8mix_mx_rule rule, int m
 void fp8mix_mx_block_scale(uint32_t amax_bits, fp8mix_format fmt, fp8mix_mx_rule rule, int margin, float eps,
                            float *scale, float *scale_inv)
 {
-    /* amax bits as cast.c folds them: any NaN bit pattern is NaN */
     float a = amax_bits > 0x7F800000u ? bits_f32(0x7FC00000u) : bits_f32(amax_bits);
     int e = fp8r_mx_exponent(a, fmt == FP8MIX_E5M2, rule == FP8MIX_MX_FLOOR, margin, eps);
     *scale = fp8r_exp2i(-e);
