@@ -5,6 +5,7 @@
 #   make core     build the static C core library (used by setup.py too)
 #   make test-c   build and run the standalone C tests
 #   make SAN=1 test-c   the same under AddressSanitizer + UBSan
+#   make check-circles  fail if two files of the C core call each other (tests/c/circles.py)
 #   make cuda-check     compile every .cu file with nvcc (no GPU needed; the MX file also for sm_100)
 #   make cuda-ops-check type-check the CUDA half of csrc/torch_ops.cpp against torch's headers
 #   make fuzz FUZZ_SECONDS=60   libFuzzer targets (clang) over the C API
@@ -38,10 +39,11 @@ ISA_avx512     = -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq
 ISA_avx512bf16 = $(ISA_avx512) -mavx512bf16
 isa_flags = $(if $(findstring _avx512bf16,$1),$(ISA_avx512bf16),$(if $(findstring _avx512,$1),$(ISA_avx512),$(if $(findstring _avx2,$1),$(ISA_avx2))))
 
-HDRS := csrc/include/fp8mix.h csrc/core/internal.h csrc/core/fp8_rules.h csrc/core/gemm_internal.h \
-        csrc/core/stats_kernels.h
+# Every object depends on every internal header (internal.h, fp8_rules.h, gemm_internal.h,
+# fused.h, stats_kernels.h, x86/*.h ...): a new header is picked up without an edit here.
+HDRS := csrc/include/fp8mix.h $(wildcard csrc/core/*.h csrc/core/x86/*.h)
 
-.PHONY: core test-c demo test cuda-check cuda-ops-check clean venv lint
+.PHONY: core test-c check-circles demo test cuda-check cuda-ops-check clean venv lint
 core: $(CORE_LIB)
 
 $(BUILD)/%.o: csrc/%.c $(HDRS)
@@ -61,6 +63,11 @@ $(BUILD)/tests/%: tests/c/%.c tests/c/check.h tests/c/stats_ref.h $(CORE_LIB)
 
 test-c: $(CTEST_BIN)
 	@set -e; for t in $(CTEST_BIN); do echo "== $$t"; $$t; done
+
+# No import circles between the core's files, read from the objects' symbols:
+# prints each circle with its edges and fails when there is one.
+check-circles: $(CORE_LIB)
+	$(PYTHON) tests/c/circles.py $(BUILD)
 
 # ---- fuzzing: libFuzzer + ASan + UBSan, clang ------------------------------
 # Needs clang and libFuzzer (Debian: apt-get install clang libfuzzer-14-dev).

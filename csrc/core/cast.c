@@ -1,13 +1,15 @@
 /*
  * cast.c — the casting entry points (cast, amax, quantize_current,
- * dequantize) and their portable scalar segment kernels.
+ * dequantize): argument checks, the task split and the fused current-scaling
+ * passes, on the active ISA's segment kernels.
  *
  * Work is cut into tasks of TR rows x TC columns; inside a task each row is
  * cut into segments that share one scale (128-column pieces for block
  * granularities) and handed to the active ISA's segment kernel.  amax values
  * are folded with an atomic max over |x|'s bits, so the result is the same
- * for every split and thread count.  Not covered here: the SIMD kernels
- * (x86/cast_*.c) and scale arithmetic (scale.c).
+ * for every split and thread count.  Not covered here: the segment kernels
+ * (cast_ref.c, x86/cast_*.c) and their choice (dispatch.c), scale arithmetic
+ * (scale.c), x^T read from x (cast_t.c), MX (cast_mx.c).
  */
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -21,43 +23,6 @@
 #define TILE_LD (TTC + 16)
 #define CAST_GRAIN (1 << 17) /* elements per worker before threads pay off */
 #define STREAM_MIN (1 << 21) /* qt bytes from which it is streamed (beyond L2) */
-
-/* ---- scalar segment kernels ----------------------------------------------- */
-
-void fp8mix_cast_seg_scalar(const void *x, fp8mix_dtype xt, int64_t n, float scale,
-                            uint8_t *q, uint32_t *amax, const fp8_params *p,
-                            uint64_t seed, uint64_t rng_start)
-{
-    uint32_t m = *amax;
-    uint32_t r[64];
-    for (int64_t i0 = 0; i0 < n; i0 += 64) {
-        int64_t len = n - i0 < 64 ? n - i0 : 64;
-        if (q && p->stochastic) fp8mix_random_words(seed, rng_start + (uint64_t)i0, len, r);
-        for (int64_t t = 0; t < len; t++) {
-            float v = load_f32(x, xt, i0 + t);
-            uint32_t a = f32_bits(v) & 0x7FFFFFFFu;
-            if (a > m) m = a;
-            if (!q) continue;
-            uint8_t c = fp8_encode(p, v * scale, p->stochastic ? r[t] : 0);
-            if (p->inf_to_nan && a == 0x7F800000u) c = (uint8_t)(p->nan_code | (c & 0x80u));
-            q[i0 + t] = c;
-        }
-    }
-    *amax = m;
-}
-
-void fp8mix_dequant_seg_scalar(const uint8_t *q, int64_t n, const float *table,
-                               float scale_inv, void *out, fp8mix_dtype out_t)
-{
-    for (int64_t i = 0; i < n; i++) {
-        float v = table[q[i]] * scale_inv;
-        switch (out_t) {
-        case FP8MIX_F32: ((float *)out)[i] = v; break;
-        case FP8MIX_BF16: ((uint16_t *)out)[i] = fp8mix_f32_to_bf16_ref(v); break;
-        default: ((uint16_t *)out)[i] = fp8mix_f32_to_f16_ref(v); break;
-        }
-    }
-}
 
 /* ---- shared machinery ----------------------------------------------------- */
 

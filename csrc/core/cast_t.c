@@ -10,7 +10,8 @@
  * through the active ISA's segment kernel as cast.c's fused BLOCK path does on a
  * row, so the bytes, scales and random words are those of fp8mix_quantize_current
  * on a contiguous copy of x^T (tests/c/test_cast.c and tests/test_cast.py
- * compare them).  Not covered: other granularities (TENSOR has cast+transpose).
+ * compare them).  Not covered: other granularities (TENSOR has cast+transpose),
+ * the kernels themselves (cast_ref.c, x86/) and their choice (dispatch.c).
  */
 #include <string.h>
 
@@ -34,25 +35,6 @@ typedef struct ct_job {
     uint64_t seed, offset;
     const fp8mix_kernels *k;
 } ct_job;
-
-/* The portable transposed widening read (internal.h); the x86 variant is
- * x86/widen_t_avx2.c, which hands its ragged edges back here. */
-void fp8mix_widen_t_scalar(const void *x, fp8mix_dtype xt, int64_t ld_x, int64_t rows, int64_t cols, float *buf,
-                           int64_t ldb)
-{
-    for (int64_t i = 0; i < rows; i++) {
-        const uint8_t *row = (const uint8_t *)x + (size_t)(i * ld_x) * dtype_size(xt);
-        if (xt == FP8MIX_F32) {
-            const float *f = (const float *)row;
-            for (int64_t j = 0; j < cols; j++) buf[j * ldb + i] = f[j];
-        } else if (xt == FP8MIX_BF16) {
-            const uint16_t *h = (const uint16_t *)row;
-            for (int64_t j = 0; j < cols; j++) buf[j * ldb + i] = bf16_to_f32(h[j]);
-        } else {
-            for (int64_t j = 0; j < cols; j++) buf[j * ldb + i] = load_f32(row, xt, j);
-        }
-    }
-}
 
 static void ct_task(void *ctx, int64_t task, int worker)
 {

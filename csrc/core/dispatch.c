@@ -1,16 +1,21 @@
 /*
  * dispatch.c — read the CPU's features once and pick the kernels: the cast
- * segment kernels and the GEMM microkernel with its packing.  The only place
- * that knows which ISAs exist and which variant each one runs; a limit
- * (fp8mix_set_max_isa or FP8MIX_MAX_ISA) lets tests run every variant on one
- * machine.
+ * segment kernels, the quant_stats segment kernel, the fused producer kernels,
+ * and the GEMM microkernel with its packing.  The only place that knows which ISAs exist and which variant
+ * each one runs; a limit (fp8mix_set_max_isa or FP8MIX_MAX_ISA) lets tests run
+ * every variant on one machine.  Its tables name kernels only (the *_ref.c
+ * files, gemm_epilogue.c's scale_rows, x86/): nothing it names calls back
+ * into it.  Not here: the byte transpose, whose x86-64 variant is SSE2 (the
+ * ISA's baseline) and chosen at compile time (transpose.c).
  */
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "fused.h"
 #include "gemm_internal.h"
+#include "stats_kernels.h"
 
 #if FP8MIX_X86 && (defined(__GNUC__) || defined(__clang__))
 #include <cpuid.h>
@@ -96,10 +101,12 @@ const char *fp8mix_isa_name(fp8mix_isa isa)
     return "unknown";
 }
 
-static const fp8mix_kernels k_scalar = {fp8mix_cast_seg_scalar, fp8mix_dequant_seg_scalar, fp8mix_widen_t_scalar};
+/* ---- cast segment kernels (internal.h) -------------------------------------- */
+
+static const fp8mix_kernels k_scalar = {fp8mix_cast_seg_ref, fp8mix_dequant_seg_ref, fp8mix_widen_t_ref};
 #if FP8MIX_X86
-static const fp8mix_kernels k_avx2 = {fp8mix_cast_seg_avx2, fp8mix_dequant_seg_avx2, fp8mix_widen_t_avx2};
-static const fp8mix_kernels k_avx512 = {fp8mix_cast_seg_avx512, fp8mix_dequant_seg_avx512, fp8mix_widen_t_avx2};
+static const fp8mix_kernels k_avx2 = {fp8mix_cast_seg__avx2, fp8mix_dequant_seg__avx2, fp8mix_widen_t__avx2};
+static const fp8mix_kernels k_avx512 = {fp8mix_cast_seg__avx512, fp8mix_dequant_seg__avx512, fp8mix_widen_t__avx2};
 #endif
 
 const fp8mix_kernels *fp8mix_kernels_active(void)
@@ -113,14 +120,49 @@ const fp8mix_kernels *fp8mix_kernels_active(void)
     return &k_scalar;
 }
 
+/* ---- quant_stats segment kernels (stats_kernels.h) ---------------------------- */
+
+fp8mix_stats_seg_fn fp8mix_stats_kernel_active(void)
+{
+    fp8mix_isa isa = fp8mix_active_isa();
+#if FP8MIX_X86
+    if (isa >= FP8MIX_ISA_AVX512) return fp8mix_stats_seg__avx512;
+    if (isa >= FP8MIX_ISA_AVX2) return fp8mix_stats_seg__avx2;
+#endif
+    (void)isa;
+    return fp8mix_stats_seg_ref;
+}
+
+/* ---- fused producer kernels (fused.h) -------------------------------------- */
+
+static const fp8mix_fused_kernels fk_scalar = {fp8mix_fused_widen_ref, fp8mix_fused_lane_sums_ref,
+                                               fp8mix_fused_norm_apply_ref, fp8mix_fused_act_ref};
+#if FP8MIX_X86
+static const fp8mix_fused_kernels fk_avx2 = {fp8mix_fused_widen__avx2, fp8mix_fused_lane_sums__avx2,
+                                             fp8mix_fused_norm_apply__avx2, fp8mix_fused_act__avx2};
+static const fp8mix_fused_kernels fk_avx512 = {fp8mix_fused_widen__avx512, fp8mix_fused_lane_sums__avx512,
+                                               fp8mix_fused_norm_apply__avx512, fp8mix_fused_act__avx512};
+#endif
+
+const fp8mix_fused_kernels *fp8mix_fused_kernels_active(void)
+{
+    fp8mix_isa isa = fp8mix_active_isa();
+#if FP8MIX_X86
+    if (isa >= FP8MIX_ISA_AVX512) return &fk_avx512;
+    if (isa >= FP8MIX_ISA_AVX2) return &fk_avx2;
+#endif
+    (void)isa;
+    return &fk_scalar;
+}
+
 /* ---- GEMM microkernels ----------------------------------------------------
  * Every x86 variant packs with the AVX2 decoder and finishes tiles with the
  * AVX2 epilogue: both are a small part of the work, and AVX2 is part of every
  * ISA level above scalar. */
 
-static const fp8mix_gemm_ukernel uk_scalar = {4, 16, 0, fp8mix_gemm_ukernel_f32_4x16__scalar,
-                                              fp8mix_gemm_pack_krows__scalar, fp8mix_gemm_pack_kcols__scalar,
-                                              fp8mix_gemm_scale_rows__scalar, "f32_4x16__scalar", NULL, NULL};
+static const fp8mix_gemm_ukernel uk_scalar = {4, 16, 0, fp8mix_gemm_ukernel_f32_4x16_ref,
+                                              fp8mix_gemm_pack_krows_ref, fp8mix_gemm_pack_kcols_ref,
+                                              fp8mix_gemm_scale_rows_ref, "f32_4x16__scalar", NULL, NULL};
 #if FP8MIX_X86
 static const fp8mix_gemm_ukernel uk_avx2 = {6, 16, 0, fp8mix_gemm_ukernel_f32_6x16__avx2,
                                             fp8mix_gemm_pack_krows__avx2, fp8mix_gemm_pack_kcols__avx2,

@@ -23,34 +23,35 @@
  *   produce(ctx, i, j0, n, buf): buf[t] = value (i, j0 + t), t < n.
  * Both are called from several threads for different rows at once, and
  * must give the same bits whatever the thread or pass. */
-typedef struct fused_source {
+typedef struct fp8mix_fused_source {
     int64_t rows, cols;
     const void *ctx;
     void (*row_begin)(const void *ctx, int64_t i);
     void (*produce)(const void *ctx, int64_t i, int64_t j0, int64_t n, float *buf);
-} fused_source;
+} fp8mix_fused_source;
 
 /* Cast src as `out` says (fp8mix_fused_out), under opts.  Checks out and
  * opts first (nothing is written on error).  Stochastic rounding: element
  * (i, j) uses random word index i * cols + j, as fp8mix_cast would. */
-fp8mix_status fused_cast_run(const fused_source *src, const fp8mix_fused_out *out, const fp8mix_cast_opts *opts);
+fp8mix_status fp8mix_fused_cast_run(const fp8mix_fused_source *src, const fp8mix_fused_out *out,
+                                     const fp8mix_cast_opts *opts);
 
 /* The delayed-scaling cast of src, as fp8mix_cast_delayed does for a tensor:
  * out->gran must be TENSOR and out->scale NULL (the state gives the scale);
  * on the role's first use the scale comes from *fresh_amax, or from an amax
  * pass over src.  scales[0] = s, scales[1] = 1 / s; out->amax (if given)
  * receives the amax; with record, it is recorded (fp8mix_delayed_record). */
-fp8mix_status fused_cast_delayed_run(const fused_source *src, const fp8mix_fused_out *out,
-                                     const fp8mix_delayed_state *st, int64_t role,
-                                     const fp8mix_delayed_recipe *r, const float *fresh_amax, int record,
-                                     const fp8mix_cast_opts *opts, float scales[2]);
+fp8mix_status fp8mix_fused_cast_delayed_run(const fp8mix_fused_source *src, const fp8mix_fused_out *out,
+                                            const fp8mix_delayed_state *st, int64_t role,
+                                            const fp8mix_delayed_recipe *r, const float *fresh_amax, int record,
+                                            const fp8mix_cast_opts *opts, float scales[2]);
 
 /* ---- producer kernels ----------------------------------------------------
- * The arithmetic of the sources, per ISA: the scalar versions (norm.c,
- * act.c) are the oracle; the AVX2 / AVX-512 ones (x86/fused_*.c) run the
+ * The arithmetic of the sources, per ISA: the scalar versions (fused_ref.c)
+ * are the oracle; the AVX2 / AVX-512 ones (x86/fused_*.c) run the
  * same float32 / float64 operations in the same order (no FMA), so every
  * output bit is the same, which the tests check. */
-typedef struct fused_kernels {
+typedef struct fp8mix_fused_kernels {
     /* dst[t] = src[t] widened exactly to float32 (BF16 / F16), t < n */
     void (*widen)(const void *src, fp8mix_dtype t, int64_t n, float *dst);
     /* lanes[t & 7] += v[t] in float64, or (v[t] - c)^2 with squares */
@@ -60,30 +61,30 @@ typedef struct fused_kernels {
     void (*norm_apply)(const float *v, int64_t n, float m, float r, const float *g, const float *b, float *out);
     /* out[t] = act(a[t]), times b[t] when b is not NULL; out may be a */
     void (*act)(fp8mix_act_kind k, const float *a, const float *b, int64_t n, float *out);
-} fused_kernels;
+} fp8mix_fused_kernels;
 
-/* The kernels of the active ISA (never NULL). */
-const fused_kernels *fused_kernels_active(void);
+/* The kernels of the active ISA (never NULL), chosen in dispatch.c. */
+const fp8mix_fused_kernels *fp8mix_fused_kernels_active(void);
 
-void fused_widen_scalar(const void *src, fp8mix_dtype t, int64_t n, float *dst);
-void fused_lane_sums_scalar(const float *v, int64_t n, int squares, double c, double lanes[8]);
-void fused_norm_apply_scalar(const float *v, int64_t n, float m, float r, const float *g, const float *b,
-                             float *out);
-void fused_act_scalar(fp8mix_act_kind k, const float *a, const float *b, int64_t n, float *out);
+void fp8mix_fused_widen_ref(const void *src, fp8mix_dtype t, int64_t n, float *dst);
+void fp8mix_fused_lane_sums_ref(const float *v, int64_t n, int squares, double c, double lanes[8]);
+void fp8mix_fused_norm_apply_ref(const float *v, int64_t n, float m, float r, const float *g, const float *b,
+                                 float *out);
+void fp8mix_fused_act_ref(fp8mix_act_kind k, const float *a, const float *b, int64_t n, float *out);
 #if FP8MIX_X86
-void fused_widen_avx2(const void *src, fp8mix_dtype t, int64_t n, float *dst);
-void fused_lane_sums_avx2(const float *v, int64_t n, int squares, double c, double lanes[8]);
-void fused_norm_apply_avx2(const float *v, int64_t n, float m, float r, const float *g, const float *b,
-                           float *out);
-void fused_act_avx2(fp8mix_act_kind k, const float *a, const float *b, int64_t n, float *out);
-void fused_widen_avx512(const void *src, fp8mix_dtype t, int64_t n, float *dst);
-void fused_lane_sums_avx512(const float *v, int64_t n, int squares, double c, double lanes[8]);
-void fused_norm_apply_avx512(const float *v, int64_t n, float m, float r, const float *g, const float *b,
-                             float *out);
-void fused_act_avx512(fp8mix_act_kind k, const float *a, const float *b, int64_t n, float *out);
+void fp8mix_fused_widen__avx2(const void *src, fp8mix_dtype t, int64_t n, float *dst);
+void fp8mix_fused_lane_sums__avx2(const float *v, int64_t n, int squares, double c, double lanes[8]);
+void fp8mix_fused_norm_apply__avx2(const float *v, int64_t n, float m, float r, const float *g, const float *b,
+                                   float *out);
+void fp8mix_fused_act__avx2(fp8mix_act_kind k, const float *a, const float *b, int64_t n, float *out);
+void fp8mix_fused_widen__avx512(const void *src, fp8mix_dtype t, int64_t n, float *dst);
+void fp8mix_fused_lane_sums__avx512(const float *v, int64_t n, int squares, double c, double lanes[8]);
+void fp8mix_fused_norm_apply__avx512(const float *v, int64_t n, float m, float r, const float *g, const float *b,
+                                     float *out);
+void fp8mix_fused_act__avx512(fp8mix_act_kind k, const float *a, const float *b, int64_t n, float *out);
 #endif
 
-/* Constants of act.c's exponential and sigmoid forms, shared with the SIMD
+/* Constants of fused_ref.c's exponential and sigmoid forms, shared with the SIMD
  * kernels (fp8mix.h, fp8mix_act_ref, gives the formulas). */
 #define ACT_LOG2E 1.44269504088896341f
 #define ACT_LN2_HI 0.693359375f        /* 10 significant bits: n * LN2_HI is exact */
@@ -103,7 +104,7 @@ void fused_act_avx512(fp8mix_act_kind k, const float *a, const float *b, int64_t
 
 /* Checks the output description of a rows x cols result (shapes, pointers,
  * enums, the current-scaling rule, given scales) without running anything. */
-fp8mix_status fused_check_out(int64_t rows, int64_t cols, const fp8mix_fused_out *out,
-                              const fp8mix_cast_opts *opts);
+fp8mix_status fp8mix_fused_check_out(int64_t rows, int64_t cols, const fp8mix_fused_out *out,
+                                     const fp8mix_cast_opts *opts);
 
 #endif /* FP8MIX_FUSED_H */

@@ -10,7 +10,8 @@
  *   current TENSOR/BLOCK2D two passes: amaxes of every tile, scales, cast.
  * amaxes fold as unsigned maxima of |v|'s bits (atomics across tasks), so no
  * result depends on the split or the thread count.  Not here: what the
- * values are (norm.c, act.c) and how bytes are encoded (cast kernels).
+ * values are (norm.c, act.c), how bytes are encoded (the cast kernels), which
+ * ISA's kernels run (dispatch.c).
  */
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -22,27 +23,8 @@
 
 enum { PASS_AMAX = 0, PASS_CAST = 1 };
 
-static const fused_kernels k_scalar = {fused_widen_scalar, fused_lane_sums_scalar, fused_norm_apply_scalar,
-                                       fused_act_scalar};
-#if FP8MIX_X86
-static const fused_kernels k_avx2 = {fused_widen_avx2, fused_lane_sums_avx2, fused_norm_apply_avx2, fused_act_avx2};
-static const fused_kernels k_avx512 = {fused_widen_avx512, fused_lane_sums_avx512, fused_norm_apply_avx512,
-                                       fused_act_avx512};
-#endif
-
-const fused_kernels *fused_kernels_active(void)
-{
-    fp8mix_isa isa = fp8mix_active_isa();
-#if FP8MIX_X86
-    if (isa >= FP8MIX_ISA_AVX512) return &k_avx512;
-    if (isa >= FP8MIX_ISA_AVX2) return &k_avx2;
-#endif
-    (void)isa;
-    return &k_scalar;
-}
-
 typedef struct fused_job {
-    const fused_source *src;
+    const fp8mix_fused_source *src;
     const fp8mix_fused_out *out;
     const fp8mix_kernels *k;
     fp8_params p;
@@ -110,7 +92,7 @@ static void cast_seg(const fused_job *J, int64_t i, int64_t j, int64_t n, float 
 /* A ROW under current scaling: amax over the produced row, then the cast. */
 static void row_current(const fused_job *J, int64_t i, float *buf)
 {
-    const fused_source *S = J->src;
+    const fp8mix_fused_source *S = J->src;
     uint32_t m = 0;
     for (int64_t j = 0; j < S->cols;) {
         int64_t je = seg_end(FP8MIX_GRAN_ROW, j, S->cols);
@@ -155,7 +137,7 @@ static void fused_task(void *ctx, int64_t task, int worker)
 {
     (void)worker;
     const fused_job *J = (const fused_job *)ctx;
-    const fused_source *S = J->src;
+    const fp8mix_fused_source *S = J->src;
     const fp8mix_fused_out *O = J->out;
     int64_t r0 = task * FUSED_TR, r1 = r0 + FUSED_TR < S->rows ? r0 + FUSED_TR : S->rows;
     float buf[FUSED_SEG];
@@ -188,13 +170,14 @@ static void run_pass(fused_job *J, int pass, int first, int write_y)
     J->pass = pass;
     J->first = first;
     J->write_y = write_y;
-    const fused_source *S = J->src;
+    const fp8mix_fused_source *S = J->src;
     int64_t ntasks = ceil_div(S->rows, FUSED_TR);
     int workers = fp8mix_workers_for(S->rows * (S->cols > 0 ? S->cols : 1), FUSED_GRAIN);
     fp8mix_parallel_for(ntasks, workers, fused_task, J);
 }
 
-fp8mix_status fused_check_out(int64_t rows, int64_t cols, const fp8mix_fused_out *O, const fp8mix_cast_opts *opts)
+fp8mix_status fp8mix_fused_check_out(int64_t rows, int64_t cols, const fp8mix_fused_out *O,
+                                      const fp8mix_cast_opts *opts)
 {
     if (!O || !opts) return FP8MIX_ERR_NULL_POINTER;
     if (O->gran < FP8MIX_GRAN_TENSOR || O->gran > FP8MIX_GRAN_BLOCK2D) return FP8MIX_ERR_BAD_ENUM;
@@ -222,7 +205,7 @@ fp8mix_status fused_check_out(int64_t rows, int64_t cols, const fp8mix_fused_out
 }
 
 /* The outputs of an empty result (no values): amax 0, scales of amax 0. */
-static void empty_outputs(const fused_source *src, const fp8mix_fused_out *O, const fp8mix_cast_opts *opts)
+static void empty_outputs(const fp8mix_fused_source *src, const fp8mix_fused_out *O, const fp8mix_cast_opts *opts)
 {
     for (int64_t i = 0; src->row_begin && i < src->rows; i++) src->row_begin(src->ctx, i);
     int64_t n = fp8mix_scale_count(O->gran, src->rows, src->cols);
@@ -234,8 +217,8 @@ static void empty_outputs(const fused_source *src, const fp8mix_fused_out *O, co
 }
 
 /* The cast proper, arguments checked; `visited`: row_begin already ran for every row. */
-static fp8mix_status run_checked(const fused_source *src, const fp8mix_fused_out *O, const fp8mix_cast_opts *opts,
-                                 int visited)
+static fp8mix_status run_checked(const fp8mix_fused_source *src, const fp8mix_fused_out *O,
+                                 const fp8mix_cast_opts *opts, int visited)
 {
     if (src->rows == 0 || src->cols == 0) {
         if (!visited) empty_outputs(src, O, opts);
@@ -288,21 +271,22 @@ static fp8mix_status run_checked(const fused_source *src, const fp8mix_fused_out
     return FP8MIX_OK;
 }
 
-fp8mix_status fused_cast_run(const fused_source *src, const fp8mix_fused_out *out, const fp8mix_cast_opts *opts)
+fp8mix_status fp8mix_fused_cast_run(const fp8mix_fused_source *src, const fp8mix_fused_out *out,
+                                     const fp8mix_cast_opts *opts)
 {
-    fp8mix_status st = fused_check_out(src->rows, src->cols, out, opts);
+    fp8mix_status st = fp8mix_fused_check_out(src->rows, src->cols, out, opts);
     if (st) return st;
     return run_checked(src, out, opts, 0);
 }
 
-fp8mix_status fused_cast_delayed_run(const fused_source *src, const fp8mix_fused_out *out,
-                                     const fp8mix_delayed_state *st, int64_t role,
-                                     const fp8mix_delayed_recipe *r, const float *fresh_amax, int record,
-                                     const fp8mix_cast_opts *opts, float scales[2])
+fp8mix_status fp8mix_fused_cast_delayed_run(const fp8mix_fused_source *src, const fp8mix_fused_out *out,
+                                            const fp8mix_delayed_state *st, int64_t role,
+                                            const fp8mix_delayed_recipe *r, const float *fresh_amax, int record,
+                                            const fp8mix_cast_opts *opts, float scales[2])
 {
     if (!out || !opts || !scales) return FP8MIX_ERR_NULL_POINTER;
     if (out->gran != FP8MIX_GRAN_TENSOR || out->scale) return FP8MIX_ERR_BAD_ARG;
-    fp8mix_status s = fused_check_out(src->rows, src->cols, out, opts);
+    fp8mix_status s = fp8mix_fused_check_out(src->rows, src->cols, out, opts);
     if (s) return s;
     /* The role's scale and whether this is its first use, read without recording
      * (a flush with record = 0 checks the state and the recipe and writes only plan). */

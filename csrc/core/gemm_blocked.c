@@ -16,13 +16,13 @@
  * accumulator of M x NC.  Each C element is owned by one task per K step and
  * its K run is walked in order, so results do not depend on the tiling or the
  * thread count (gemm_internal.h).  Scales and bias are applied once, in the
- * epilogue (gemm.c's rules).
+ * epilogue (gemm_epilogue.c; the rules are gemm.c's).
  *
  * Memory: the B panel (KC x NC values, 1-2 MiB), one A block per worker
  * (MC x KC, about 144 KiB) and, for non-float32 outputs, the accumulator
  * (8 MiB at most: NC shrinks with M).  They come from one workspace that is kept for the next
  * call (a freshly mapped one page-faults on every call), up to WS_KEEP bytes.
- * Not covered: the microkernels and packing (gemm.c, x86/gemm_*.c) and their
+ * Not covered: the microkernels and packing (gemm_ref.c, x86/gemm_*.c) and their
  * choice (dispatch.c).
  */
 #include <pthread.h>

@@ -1,8 +1,8 @@
 /*
- * gemm_internal.h — what the GEMM files (gemm.c, gemm_blocked.c,
- * gemm_fp22.c, x86/gemm_*.c), dispatch.c and the C tests share: the
- * microkernel and packing contracts, the packed-panel layouts, the shared
- * epilogue, the scalar reference.  Not installed, not part of the API.
+ * gemm_internal.h — what the GEMM files (gemm*.c, x86/gemm_*.c), dispatch.c
+ * and the C tests share: the microkernel and packing contracts, the
+ * packed-panel layouts, the shared epilogue, the drivers, the scalar
+ * reference.  Not installed, not part of the API.
  *
  * Canonical summation order (every variant, every ISA, every thread count):
  * inside a K run the products are added to the float32 accumulator in PAIRS
@@ -86,15 +86,17 @@ typedef struct fp8mix_gemm_ukernel {
     fp8mix_gemm_ukernel_blocks_fn fn_blocks; /* NULL: fn once per block */
 } fp8mix_gemm_ukernel;
 
-void fp8mix_gemm_ukernel_f32_4x16__scalar(int64_t kc, const void *a, const void *b,
-                                          float *c, int64_t ldc, int load_c,
-                                          const float *rs);
-void fp8mix_gemm_pack_krows__scalar(const uint8_t *src, int64_t ld, int nv, int w, int64_t kc,
-                                    fp8mix_format fmt, int bf16, void *dst);
-void fp8mix_gemm_pack_kcols__scalar(const uint8_t *src, int64_t ld, int nv, int w, int64_t kc,
-                                    fp8mix_format fmt, int bf16, void *dst);
-void fp8mix_gemm_scale_rows__scalar(float *out, int64_t ldo, const float *vals, int64_t ldv, int64_t rows, int64_t n,
-                                    const float *sa, int per_row, float sb, const float *bias);
+/* The portable kernels (the scalar ISA's, and the oracles of the SIMD ones):
+ * microkernel and packing in gemm_ref.c, scale_rows in gemm_epilogue.c. */
+void fp8mix_gemm_ukernel_f32_4x16_ref(int64_t kc, const void *a, const void *b,
+                                      float *c, int64_t ldc, int load_c,
+                                      const float *rs);
+void fp8mix_gemm_pack_krows_ref(const uint8_t *src, int64_t ld, int nv, int w, int64_t kc,
+                                fp8mix_format fmt, int bf16, void *dst);
+void fp8mix_gemm_pack_kcols_ref(const uint8_t *src, int64_t ld, int nv, int w, int64_t kc,
+                                fp8mix_format fmt, int bf16, void *dst);
+void fp8mix_gemm_scale_rows_ref(float *out, int64_t ldo, const float *vals, int64_t ldv, int64_t rows, int64_t n,
+                                const float *sa, int per_row, float sb, const float *bias);
 #if defined(__x86_64__) || defined(_M_X64)
 void fp8mix_gemm_ukernel_f32_6x16__avx2(int64_t kc, const void *a, const void *b,
                                         float *c, int64_t ldc, int load_c,
@@ -128,7 +130,7 @@ const fp8mix_gemm_ukernel *fp8mix_gemm_ukernel_active(void);
  * scalar first: up to max into out; returns the count.  For tests. */
 int fp8mix_gemm_ukernels(const fp8mix_gemm_ukernel **out, int max);
 
-/* ---- shared by the drivers (gemm.c) ------------------------------------ */
+/* ---- shared by the drivers (gemm_epilogue.c, gemm_check.c) -------------- */
 
 /* Byte of A at (row i, k = p) in either layout. */
 static inline uint8_t fp8mix_gemm_a_at(const fp8mix_gemm_args *g, int64_t i, int64_t p)
@@ -158,15 +160,23 @@ void fp8mix_gemm_epilogue_rows(const fp8mix_gemm_args *g, fp8mix_gemm_scale_rows
 /* Whether g's epilogue is the common case fp8mix_gemm_scale_rows_fn computes. */
 int fp8mix_gemm_epilogue_simple(const fp8mix_gemm_args *g);
 
+/* The argument checks of fp8mix_gemm and fp8mix_gemm_ref (gemm_check.c):
+ * everything but the work.  FP8MIX_OK means "compute" unless the output is
+ * empty (the caller checks m * n == 0). */
+fp8mix_status fp8mix_gemm_check_args(const fp8mix_gemm_args *g);
+
 /* The drivers, called by fp8mix_gemm after the argument checks (m, n > 0);
  * fp8mix_gemm_blocked_with runs a given microkernel (tests). */
 fp8mix_status fp8mix_gemm_blocked(const fp8mix_gemm_args *g);
 fp8mix_status fp8mix_gemm_blocked_with(const fp8mix_gemm_args *g, const fp8mix_gemm_ukernel *uk);
 fp8mix_status fp8mix_gemm_fp22(const fp8mix_gemm_args *g);
+/* The MX driver (gemm_mx.c), also called by fp8mix_gemm_ref: its own plain loop
+ * is the rule (see fp8mix.h). */
+fp8mix_status fp8mix_gemm_mx(const fp8mix_gemm_args *g);
 
-/* The scalar reference: a plain loop over (i, j, k) implementing the exact
- * rules of fp8mix_gemm (see gemm.c).  Same checks and status codes.  The
- * oracle every blocked / SIMD / threaded path is tested against. */
+/* The scalar reference (gemm_ref.c): a plain loop over (i, j, k) implementing
+ * the exact rules of fp8mix_gemm (see gemm.c).  Same checks and status codes.
+ * The oracle every blocked / SIMD / threaded path is tested against. */
 fp8mix_status fp8mix_gemm_ref(const fp8mix_gemm_args *args);
 
 #endif /* FP8MIX_GEMM_INTERNAL_H */

@@ -63,33 +63,36 @@ typedef struct fp8mix_kernels {
     fp8mix_widen_t_fn widen_t;
 } fp8mix_kernels;
 
-/* Kernel table for the active ISA (never NULL). */
+/* Kernel table for the active ISA (never NULL), chosen in dispatch.c. */
 const fp8mix_kernels *fp8mix_kernels_active(void);
 
-void fp8mix_cast_seg_scalar(const void *x, fp8mix_dtype xt, int64_t n,
-                            float scale, uint8_t *q, uint32_t *amax,
-                            const fp8_params *p, uint64_t seed,
-                            uint64_t rng_index);
-void fp8mix_dequant_seg_scalar(const uint8_t *q, int64_t n, const float *table,
-                               float scale_inv, void *out, fp8mix_dtype out_t);
-void fp8mix_widen_t_scalar(const void *x, fp8mix_dtype xt, int64_t ld_x, int64_t rows,
-                           int64_t cols, float *buf, int64_t ldb);
+/* The portable kernels (cast_ref.c): the scalar ISA's, and the oracle of the
+ * x86 variants (x86/cast_*.c, x86/widen_t_avx2.c; AVX-512 reuses the AVX2
+ * widen_t). */
+void fp8mix_cast_seg_ref(const void *x, fp8mix_dtype xt, int64_t n,
+                         float scale, uint8_t *q, uint32_t *amax,
+                         const fp8_params *p, uint64_t seed,
+                         uint64_t rng_index);
+void fp8mix_dequant_seg_ref(const uint8_t *q, int64_t n, const float *table,
+                            float scale_inv, void *out, fp8mix_dtype out_t);
+void fp8mix_widen_t_ref(const void *x, fp8mix_dtype xt, int64_t ld_x, int64_t rows,
+                        int64_t cols, float *buf, int64_t ldb);
 #if defined(__x86_64__) || defined(_M_X64)
 #define FP8MIX_X86 1
-void fp8mix_cast_seg_avx2(const void *x, fp8mix_dtype xt, int64_t n,
-                          float scale, uint8_t *q, uint32_t *amax,
-                          const fp8_params *p, uint64_t seed,
-                          uint64_t rng_index);
-void fp8mix_dequant_seg_avx2(const uint8_t *q, int64_t n, const float *table,
-                             float scale_inv, void *out, fp8mix_dtype out_t);
-void fp8mix_widen_t_avx2(const void *x, fp8mix_dtype xt, int64_t ld_x, int64_t rows,
-                         int64_t cols, float *buf, int64_t ldb);
-void fp8mix_cast_seg_avx512(const void *x, fp8mix_dtype xt, int64_t n,
-                            float scale, uint8_t *q, uint32_t *amax,
-                            const fp8_params *p, uint64_t seed,
-                            uint64_t rng_index);
-void fp8mix_dequant_seg_avx512(const uint8_t *q, int64_t n, const float *table,
-                               float scale_inv, void *out, fp8mix_dtype out_t);
+void fp8mix_cast_seg__avx2(const void *x, fp8mix_dtype xt, int64_t n,
+                           float scale, uint8_t *q, uint32_t *amax,
+                           const fp8_params *p, uint64_t seed,
+                           uint64_t rng_index);
+void fp8mix_dequant_seg__avx2(const uint8_t *q, int64_t n, const float *table,
+                              float scale_inv, void *out, fp8mix_dtype out_t);
+void fp8mix_widen_t__avx2(const void *x, fp8mix_dtype xt, int64_t ld_x, int64_t rows,
+                          int64_t cols, float *buf, int64_t ldb);
+void fp8mix_cast_seg__avx512(const void *x, fp8mix_dtype xt, int64_t n,
+                             float scale, uint8_t *q, uint32_t *amax,
+                             const fp8_params *p, uint64_t seed,
+                             uint64_t rng_index);
+void fp8mix_dequant_seg__avx512(const uint8_t *q, int64_t n, const float *table,
+                                float scale_inv, void *out, fp8mix_dtype out_t);
 #endif
 
 /* Byte transpose: dst[j * ld_dst + i] = src[i * ld_src + j] for i < rows, j < cols. */
@@ -98,10 +101,10 @@ void fp8mix_transpose_u8(const uint8_t *src, int64_t ld_src, uint8_t *dst, int64
 void fp8mix_transpose_u8_ref(const uint8_t *src, int64_t ld_src, uint8_t *dst, int64_t ld_dst,
                              int64_t rows, int64_t cols);
 #if FP8MIX_X86
-void fp8mix_transpose_u8_sse2(const uint8_t *src, int64_t ld_src, uint8_t *dst, int64_t ld_dst, int64_t rows,
-                              int64_t cols);
-void fp8mix_transpose_u8_lines_sse2(const uint8_t *src, int64_t ld_src, uint8_t *dst, int64_t ld_dst, int64_t rows,
-                                    int64_t cols, int stream);
+void fp8mix_transpose_u8__sse2(const uint8_t *src, int64_t ld_src, uint8_t *dst, int64_t ld_dst, int64_t rows,
+                               int64_t cols);
+void fp8mix_transpose_u8_lines__sse2(const uint8_t *src, int64_t ld_src, uint8_t *dst, int64_t ld_dst, int64_t rows,
+                                     int64_t cols, int stream);
 #endif
 /* The cast+transpose tile: like fp8mix_transpose_u8, writing each destination
  * row's piece whole (streamed past the caches when `stream`). */
@@ -155,13 +158,10 @@ static inline int64_t scale_index(fp8mix_granularity g, int64_t i, int64_t j,
     default: return (i / FP8MIX_BLOCK) * ceil_div(cols, FP8MIX_BLOCK) + j / FP8MIX_BLOCK;
     }
 }
-/* MX (mx.c): the scale 2^-e and scale_inv 2^e of one block with amax bits m
- * (the fused current-scaling casts of cast.c use it for GRAN_MX). */
+/* MX (scale.c): the scale 2^-e and scale_inv 2^e of one block with amax bits m
+ * (cast.c's fused current-scaling path for GRAN_MX, and cast_mx.c). */
 void fp8mix_mx_block_scale(uint32_t amax_bits, fp8mix_format fmt, fp8mix_mx_rule rule, int margin, float eps,
                            float *scale, float *scale_inv);
-/* The MX GEMM driver (mx.c), called by fp8mix_gemm / fp8mix_gemm_ref after the
- * checks; its own plain loop is the rule (see fp8mix.h). */
-fp8mix_status fp8mix_gemm_mx(const fp8mix_gemm_args *g);
 
 /* Nonzero unless every one of n scales is finite and > 0. */
 int fp8mix_scales_bad(const float *s, int64_t n);

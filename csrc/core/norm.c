@@ -4,7 +4,8 @@
  * normalized values in float32 segments that the fused engine (fused_cast.c)
  * casts while they are in cache.  The statistics are kept (mean, rstd) for
  * the norm's backward, which is the caller's (torch).  Not here: the
- * backward, the activation casts (act.c).
+ * per-element arithmetic (the active ISA's kernels: fused_ref.c,
+ * x86/fused_*.c), the backward, the activation casts (act.c).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -21,42 +22,12 @@ typedef struct norm_src {
     const float *b;     /* cols shifts, or NULL: 0 */
     float *mean, *rstd; /* per row; mean may be NULL for RMSNorm */
     int stats_given;
-    const fused_kernels *K;
+    const fp8mix_fused_kernels *K;
 } norm_src;
-
-/* ---- scalar kernels (fused.h's oracle) ---------------------------------------- */
-
-void fused_widen_scalar(const void *src, fp8mix_dtype t, int64_t n, float *dst)
-{
-    for (int64_t k = 0; k < n; k++) dst[k] = load_f32(src, t, k);
-}
-
-void fused_lane_sums_scalar(const float *v, int64_t n, int squares, double c, double lanes[8])
-{
-    if (squares)
-        for (int64_t t = 0; t < n; t++) {
-            double d = (double)v[t] - c;
-            lanes[t & 7] += d * d;
-        }
-    else
-        for (int64_t t = 0; t < n; t++) lanes[t & 7] += (double)v[t];
-}
-
-void fused_norm_apply_scalar(const float *v, int64_t n, float m, float r, const float *g, const float *b,
-                             float *out)
-{
-    for (int64_t t = 0; t < n; t++) out[t] = (v[t] - m) * r;
-    if (g)
-        for (int64_t t = 0; t < n; t++) out[t] = out[t] * g[t];
-    if (b)
-        for (int64_t t = 0; t < n; t++) out[t] = out[t] + b[t];
-}
-
-/* ---- the source ------------------------------------------------------------------ */
 
 /* x[i][j0 .. j0 + n) as float32: a pointer into x itself for float32 rows,
  * else widened into buf. */
-static const float *row_seg(const norm_src *N, const fused_kernels *K, int64_t i, int64_t j0, int64_t n,
+static const float *row_seg(const norm_src *N, const fp8mix_fused_kernels *K, int64_t i, int64_t j0, int64_t n,
                             float *buf)
 {
     const uint8_t *row = N->x + (size_t)(i * N->ld_x) * dtype_size(N->xt);
@@ -74,7 +45,7 @@ static double lanes_sum(const double l[8])
 
 /* sum over the row of x, or of (x - center)^2; segments start at multiples of 8,
  * so element j lands in lane j mod 8. */
-static double row_sum(const norm_src *N, const fused_kernels *K, int64_t i, int squares, double center)
+static double row_sum(const norm_src *N, const fp8mix_fused_kernels *K, int64_t i, int squares, double center)
 {
     double l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     float buf[FUSED_SEG];
@@ -89,7 +60,7 @@ static void norm_row_begin(const void *ctx, int64_t i)
 {
     const norm_src *N = (const norm_src *)ctx;
     if (N->stats_given) return;
-    const fused_kernels *K = N->K;
+    const fp8mix_fused_kernels *K = N->K;
     double mean = 0.0, var = 0.0;
     if (N->cols > 0) {
         if (N->kind == FP8MIX_NORM_LAYER) mean = row_sum(N, K, i, 0, 0.0) / (double)N->cols;
@@ -109,7 +80,7 @@ static void norm_row_begin(const void *ctx, int64_t i)
 static void norm_produce(const void *ctx, int64_t i, int64_t j0, int64_t n, float *buf)
 {
     const norm_src *N = (const norm_src *)ctx;
-    const fused_kernels *K = N->K;
+    const fp8mix_fused_kernels *K = N->K;
     const float m = N->kind == FP8MIX_NORM_LAYER ? N->mean[i] : 0.0f, r = N->rstd[i];
     if (m != m || r != r) {
         for (int64_t t = 0; t < n; t++) buf[t] = bits_f32(0x7FC00000u);
@@ -150,7 +121,7 @@ static fp8mix_status norm_setup(norm_src *N, float **owned, const void *x, fp8mi
     N->mean = mean;
     N->rstd = rstd;
     N->stats_given = stats_given != 0;
-    N->K = fused_kernels_active();
+    N->K = fp8mix_fused_kernels_active();
     *owned = NULL;
     const int want_g = np->gamma != NULL, want_b = np->beta != NULL;
     if (!(want_g || want_b) || cols == 0) return FP8MIX_OK;
@@ -173,9 +144,9 @@ static fp8mix_status norm_setup(norm_src *N, float **owned, const void *x, fp8mi
     return FP8MIX_OK;
 }
 
-static fused_source norm_source(const norm_src *N, int64_t rows)
+static fp8mix_fused_source norm_source(const norm_src *N, int64_t rows)
 {
-    fused_source s = {rows, N->cols, N, norm_row_begin, norm_produce};
+    fp8mix_fused_source s = {rows, N->cols, N, norm_row_begin, norm_produce};
     return s;
 }
 
@@ -184,12 +155,12 @@ fp8mix_status fp8mix_norm_cast(const void *x, fp8mix_dtype xt, int64_t rows, int
                                const fp8mix_fused_out *out, const fp8mix_cast_opts *opts)
 {
     fp8mix_status st = check_norm(x, xt, rows, cols, ld_x, np, mean, rstd);
-    if (st || (st = fused_check_out(rows, cols, out, opts))) return st;
+    if (st || (st = fp8mix_fused_check_out(rows, cols, out, opts))) return st;
     norm_src N;
     float *owned;
     if ((st = norm_setup(&N, &owned, x, xt, cols, ld_x, np, mean, rstd, stats_given))) return st;
-    fused_source src = norm_source(&N, rows);
-    st = fused_cast_run(&src, out, opts);
+    fp8mix_fused_source src = norm_source(&N, rows);
+    st = fp8mix_fused_cast_run(&src, out, opts);
     free(owned);
     return st;
 }
@@ -206,8 +177,8 @@ fp8mix_status fp8mix_norm_cast_delayed(const void *x, fp8mix_dtype xt, int64_t r
     norm_src N;
     float *owned;
     if ((st = norm_setup(&N, &owned, x, xt, cols, ld_x, np, mean, rstd, stats_given))) return st;
-    fused_source src = norm_source(&N, rows);
-    st = fused_cast_delayed_run(&src, out, sst, role, r, fresh_amax, record, opts, scales);
+    fp8mix_fused_source src = norm_source(&N, rows);
+    st = fp8mix_fused_cast_delayed_run(&src, out, sst, role, r, fresh_amax, record, opts, scales);
     free(owned);
     return st;
 }

@@ -1,5 +1,8 @@
 /*
- * scale.c — scales from amax, and checks of caller-given scales.
+ * scale.c — scales from amax (the delayed / current rule and the MX block
+ * rule), scale counts per granularity, and checks of caller-given scales.
+ * A leaf: the arithmetic itself is fp8_rules.h's (shared with CUDA); every
+ * cast and GEMM file may call here, nothing here calls them.
  */
 #include <float.h>
 #include <math.h>
@@ -51,4 +54,15 @@ int fp8mix_mx_exponent(float amax, fp8mix_format fmt, fp8mix_mx_rule rule, int m
     if ((fmt != FP8MIX_E4M3 && fmt != FP8MIX_E5M2) || (rule != FP8MIX_MX_RCEIL && rule != FP8MIX_MX_FLOOR))
         return 0;
     return fp8r_mx_exponent(amax, fmt == FP8MIX_E5M2, rule == FP8MIX_MX_FLOOR, margin, amax_epsilon);
+}
+
+/* The MX scale of one block (OCP MX v1.0) from its amax bits as the casts fold
+ * them (max |x| bits; any NaN pattern is NaN): scale 2^-e, scale_inv 2^e. */
+void fp8mix_mx_block_scale(uint32_t amax_bits, fp8mix_format fmt, fp8mix_mx_rule rule, int margin, float eps,
+                           float *scale, float *scale_inv)
+{
+    float a = amax_bits > 0x7F800000u ? bits_f32(0x7FC00000u) : bits_f32(amax_bits);
+    int e = fp8r_mx_exponent(a, fmt == FP8MIX_E5M2, rule == FP8MIX_MX_FLOOR, margin, eps);
+    *scale = fp8r_exp2i(-e);
+    *scale_inv = fp8r_exp2i(e);
 }

@@ -5,9 +5,9 @@
  * monitor, the gradient scaler's feedback and the automatic format choice all
  * read it.
  *
- * Layout: the scalar segment kernel (the oracle of the SIMD variants in
- * x86/stats_*.c), the per-segment parameters, the task loop over rows, and
- * the entry point.  The order of the float64 sums is fixed (fp8mix.h): 16
+ * Layout: the per-segment parameters, the task loop over rows, and the entry
+ * point; the segment kernels are stats_ref.c (the oracle) and x86/stats_*.c,
+ * chosen in dispatch.c.  The order of the float64 sums is fixed (fp8mix.h): 16
  * lane partials per task, reduced by a fixed tree, tasks added in order, so
  * the doubles are the same for every ISA and thread count.
  */
@@ -23,63 +23,6 @@
 #define STATS_ROWS 64
 #define STATS_MAX_TASKS 4096
 #define STATS_GRAIN (1 << 16)
-
-/* ---- the scalar reference ------------------------------------------------ */
-
-/* Written from the header's definitions, on float values; the SIMD variants
- * classify bytes instead and must agree bit for bit. */
-void fp8mix_stats_seg_scalar(fp8mix_stats_acc *a, const void *x, fp8mix_dtype xt, const uint8_t *q, int64_t n,
-                             const fp8mix_stats_seg *s)
-{
-    const float *tab = s->table;
-    for (int64_t t = 0; t < n; t++) {
-        float v = load_f32(x, xt, t), ax = fabsf(v);
-        float d = tab[q[t]], ad = fabsf(d);
-        int lane = (int)(t % FP8MIX_STATS_LANES);
-        a->nonzero += v != 0; /* NaN != 0 */
-        if (!(ax <= FLT_MAX)) { /* NaN or inf: nothing else counts it (its terms are +0) */
-            a->nonfinite++;
-            a->nan += v != v;
-            continue;
-        }
-        a->underflow += (v != 0) & (d == 0);
-        a->saturated += ad == s->fmax;
-        a->subnormal += (ad != 0) & (ad < s->min_normal);
-        a->overflow += (double)ax > s->ovf_bound;
-        uint32_t ub = f32_bits(ax);
-        if (v != 0 && ub < a->min_bits) a->min_bits = ub;
-        if (ub > a->max_bits) a->max_bits = ub;
-        double xd = (double)v, td = xd - s->pivot, t2 = td * td;
-        a->part[STATS_SUM_SIG][lane] += xd * xd;
-        a->part[STATS_SUM_T1][lane] += td;
-        a->part[STATS_SUM_T2][lane] += t2;
-        a->part[STATS_SUM_T3][lane] += t2 * td;
-        a->part[STATS_SUM_T4][lane] += t2 * t2;
-        if (ad <= FLT_MAX) {
-            double e = xd - (double)d * s->sinv;
-            a->part[STATS_SUM_E2][lane] += e * e;
-        }
-        if (v != 0) {
-            int ex;
-            float fx = frexpf(ax, &ex);
-            a->hist[t % FP8MIX_STATS_HIST_COPIES][stats_hist_bin(ex, fx, s)]++;
-        }
-    }
-}
-
-/* The segment kernel of the ISA dispatch.c chose.  dispatch.c owns the ISA
- * choice; until its kernel table carries a stats entry, follow the table's
- * cast kernel, so the two can never disagree (and FP8MIX_MAX_ISA /
- * fp8mix_set_max_isa cap both). */
-static fp8mix_stats_seg_fn stats_kernel(void)
-{
-#if FP8MIX_X86
-    fp8mix_cast_seg_fn cast = fp8mix_kernels_active()->cast_seg;
-    if (cast == fp8mix_cast_seg_avx512) return fp8mix_stats_seg_avx512;
-    if (cast == fp8mix_cast_seg_avx2) return fp8mix_stats_seg_avx2;
-#endif
-    return fp8mix_stats_seg_scalar;
-}
 
 /* ---- per-segment parameters ---------------------------------------------- */
 
@@ -264,7 +207,7 @@ fp8mix_status fp8mix_quant_stats(const void *x, fp8mix_dtype xt, int64_t rows, i
         part = (double *)malloc((size_t)ntasks * FP8MIX_STATS_N * sizeof(double));
         if (!part) return FP8MIX_ERR_NO_MEMORY;
         stats_job J = {(const uint8_t *)x, xt, dtype_size(xt), rows, cols, ld_x, per, q, ld_q, fmt, gran,
-                       scale_inv, bad_as_one, pivot, stats_kernel(), part};
+                       scale_inv, bad_as_one, pivot, fp8mix_stats_kernel_active(), part};
         fp8mix_parallel_for(ntasks, fp8mix_workers_for(rows * cols, STATS_GRAIN), stats_task, &J);
     }
     double r[FP8MIX_STATS_N];

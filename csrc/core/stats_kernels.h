@@ -1,7 +1,8 @@
 /*
  * stats_kernels.h — the segment kernels of fp8mix_quant_stats (stats.c) and
- * the running sums they fill: shared by the scalar reference in stats.c and
- * its SIMD variants in x86/stats_*.c.  Not installed, not part of the API.
+ * the running sums they fill: shared by stats.c, the scalar reference in
+ * stats_ref.c, its SIMD variants in x86/stats_*.c and dispatch.c.  Not
+ * installed, not part of the API.
  *
  * A segment is n consecutive elements of one row that share one scale_inv and
  * start at a column that is a multiple of FP8MIX_STATS_LANES, so element t of
@@ -55,14 +56,17 @@ typedef struct fp8mix_stats_seg {
 typedef void (*fp8mix_stats_seg_fn)(fp8mix_stats_acc *a, const void *x, fp8mix_dtype xt, const uint8_t *q,
                                     int64_t n, const fp8mix_stats_seg *s);
 
-/* The scalar reference: the oracle of every variant. */
-void fp8mix_stats_seg_scalar(fp8mix_stats_acc *a, const void *x, fp8mix_dtype xt, const uint8_t *q, int64_t n,
-                             const fp8mix_stats_seg *s);
+/* The segment kernel of the active ISA (never NULL), chosen in dispatch.c. */
+fp8mix_stats_seg_fn fp8mix_stats_kernel_active(void);
+
+/* The scalar reference (stats_ref.c): the oracle of every variant. */
+void fp8mix_stats_seg_ref(fp8mix_stats_acc *a, const void *x, fp8mix_dtype xt, const uint8_t *q, int64_t n,
+                          const fp8mix_stats_seg *s);
 #if FP8MIX_X86
-void fp8mix_stats_seg_avx2(fp8mix_stats_acc *a, const void *x, fp8mix_dtype xt, const uint8_t *q, int64_t n,
-                           const fp8mix_stats_seg *s);
-void fp8mix_stats_seg_avx512(fp8mix_stats_acc *a, const void *x, fp8mix_dtype xt, const uint8_t *q, int64_t n,
-                             const fp8mix_stats_seg *s);
+void fp8mix_stats_seg__avx2(fp8mix_stats_acc *a, const void *x, fp8mix_dtype xt, const uint8_t *q, int64_t n,
+                            const fp8mix_stats_seg *s);
+void fp8mix_stats_seg__avx512(fp8mix_stats_acc *a, const void *x, fp8mix_dtype xt, const uint8_t *q, int64_t n,
+                              const fp8mix_stats_seg *s);
 #endif
 
 /* Histogram bin of the finite non-zero |x| = ax under the segment's scale:

@@ -18,7 +18,7 @@ void fp8mix_transpose_u8(const uint8_t *src, int64_t ld_src, uint8_t *dst, int64
 {
 #if FP8MIX_X86
     int64_t r8 = rows & ~(int64_t)7, c8 = cols & ~(int64_t)7;
-    fp8mix_transpose_u8_sse2(src, ld_src, dst, ld_dst, r8, c8);
+    fp8mix_transpose_u8__sse2(src, ld_src, dst, ld_dst, r8, c8);
     /* the ragged right and bottom edges */
     fp8mix_transpose_u8_ref(src + c8, ld_src, dst + c8 * ld_dst, ld_dst, rows, cols - c8);
     fp8mix_transpose_u8_ref(src + r8 * ld_src, ld_src, dst + r8, ld_dst, rows - r8, c8);
@@ -33,7 +33,7 @@ void fp8mix_transpose_u8_tile(const uint8_t *src, int64_t ld_src, uint8_t *dst, 
 #if FP8MIX_X86
     if (rows % 16 == 0 && rows <= 64) {
         int64_t c16 = cols & ~(int64_t)15;
-        fp8mix_transpose_u8_lines_sse2(src, ld_src, dst, ld_dst, rows, c16, stream);
+        fp8mix_transpose_u8_lines__sse2(src, ld_src, dst, ld_dst, rows, c16, stream);
         fp8mix_transpose_u8(src + c16, ld_src, dst + c16 * ld_dst, ld_dst, rows, cols - c16);
         return;
     }

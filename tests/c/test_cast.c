@@ -4,7 +4,9 @@
  * scalar path over a stride of the float32 bit space (every exponent; set
  * FP8MIX_FULL=1 for all 2^32 patterns), every bf16/f16 pattern, the entry
  * points' granularities, transpose, amax rules, thread-count independence,
- * scale computation and bad arguments.
+ * scale computation and bad arguments; and dispatch.c's tables (the scalar
+ * level runs the _ref kernels, so every comparison "against the scalar path"
+ * through the ISA limit is one against the oracle).
  */
 #include <float.h>
 #include <math.h>
@@ -12,7 +14,10 @@
 #include <string.h>
 
 #include "check.h"
+#include "fused.h"
+#include "gemm_internal.h"
 #include "internal.h"
+#include "stats_kernels.h"
 
 static const fp8mix_isa ISAS[] = {FP8MIX_ISA_AVX2, FP8MIX_ISA_AVX512};
 
@@ -443,6 +448,58 @@ static void test_big_transpose(void)
     free(x); free(q); free(qt);
 }
 
+/* dispatch.c's choice at each ISA limit this CPU reaches: the scalar level is
+ * the _ref kernels of every family, each x86 level its own variants.  (Above
+ * AVX-512 the GEMM kernel depends on a timing; test_gemm runs every one.) */
+static void test_dispatch_tables(void)
+{
+    fp8mix_set_max_isa(FP8MIX_ISA_SCALAR);
+    const fp8mix_kernels *k = fp8mix_kernels_active();
+    const fp8mix_fused_kernels *f = fp8mix_fused_kernels_active();
+    const fp8mix_gemm_ukernel *uk = fp8mix_gemm_ukernel_active();
+    CHECK(k->cast_seg == fp8mix_cast_seg_ref && k->dequant_seg == fp8mix_dequant_seg_ref &&
+              k->widen_t == fp8mix_widen_t_ref, "scalar: the cast kernels are the _ref ones");
+    CHECK(fp8mix_stats_kernel_active() == fp8mix_stats_seg_ref, "scalar: the stats kernel is the _ref one");
+    CHECK(f->widen == fp8mix_fused_widen_ref && f->lane_sums == fp8mix_fused_lane_sums_ref &&
+              f->norm_apply == fp8mix_fused_norm_apply_ref && f->act == fp8mix_fused_act_ref,
+          "scalar: the fused kernels are the _ref ones");
+    CHECK(uk->fn == fp8mix_gemm_ukernel_f32_4x16_ref && uk->pack_krows == fp8mix_gemm_pack_krows_ref &&
+              uk->pack_kcols == fp8mix_gemm_pack_kcols_ref && uk->scale_rows == fp8mix_gemm_scale_rows_ref &&
+              !uk->fn_final && !uk->fn_blocks,
+          "scalar: the GEMM kernels are the _ref ones");
+#if FP8MIX_X86
+    if (fp8mix_cpu_isa() >= FP8MIX_ISA_AVX2) {
+        fp8mix_set_max_isa(FP8MIX_ISA_AVX2);
+        k = fp8mix_kernels_active();
+        f = fp8mix_fused_kernels_active();
+        uk = fp8mix_gemm_ukernel_active();
+        CHECK(k->cast_seg == fp8mix_cast_seg__avx2 && k->dequant_seg == fp8mix_dequant_seg__avx2 &&
+                  k->widen_t == fp8mix_widen_t__avx2, "avx2: the cast kernels");
+        CHECK(fp8mix_stats_kernel_active() == fp8mix_stats_seg__avx2, "avx2: the stats kernel");
+        CHECK(f->widen == fp8mix_fused_widen__avx2 && f->lane_sums == fp8mix_fused_lane_sums__avx2 &&
+                  f->norm_apply == fp8mix_fused_norm_apply__avx2 && f->act == fp8mix_fused_act__avx2,
+              "avx2: the fused kernels");
+        CHECK(uk->fn == fp8mix_gemm_ukernel_f32_6x16__avx2 && uk->pack_krows == fp8mix_gemm_pack_krows__avx2 &&
+                  uk->scale_rows == fp8mix_gemm_scale_rows__avx2 &&
+                  uk->fn_final == fp8mix_gemm_ukernel_final_f32_6x16__avx2,
+              "avx2: the GEMM kernels");
+    }
+    if (fp8mix_cpu_isa() >= FP8MIX_ISA_AVX512) {
+        fp8mix_set_max_isa(FP8MIX_ISA_AVX512);
+        k = fp8mix_kernels_active();
+        f = fp8mix_fused_kernels_active();
+        CHECK(k->cast_seg == fp8mix_cast_seg__avx512 && k->dequant_seg == fp8mix_dequant_seg__avx512 &&
+                  k->widen_t == fp8mix_widen_t__avx2, "avx512: the cast kernels (AVX2's widen_t)");
+        CHECK(fp8mix_stats_kernel_active() == fp8mix_stats_seg__avx512, "avx512: the stats kernel");
+        CHECK(f->widen == fp8mix_fused_widen__avx512 && f->lane_sums == fp8mix_fused_lane_sums__avx512 &&
+                  f->norm_apply == fp8mix_fused_norm_apply__avx512 && f->act == fp8mix_fused_act__avx512,
+              "avx512: the fused kernels");
+        CHECK(fp8mix_gemm_ukernel_active()->fn == fp8mix_gemm_ukernel_f32_14x32__avx512, "avx512: the GEMM kernel");
+    }
+#endif
+    fp8mix_set_max_isa(FP8MIX_ISA_AVX512BF16);
+}
+
 static int parse_isa_name(const char *s)
 {
     for (int i = FP8MIX_ISA_SCALAR; i <= FP8MIX_ISA_AVX512BF16; i++)
@@ -572,7 +629,7 @@ static void test_widen_t(void)
                     for (int64_t pad = 0; pad <= PAD; pad += PAD) {
                         memset(ref, 0xA5, sizeof ref);
                         memset(got, 0xA5, sizeof got);
-                        fp8mix_widen_t_scalar(xw, t, c + pad, r, c, ref, LDB);
+                        fp8mix_widen_t_ref(xw, t, c + pad, r, c, ref, LDB);
                         kern->widen_t(xw, t, c + pad, r, c, got, LDB);
                         for (int i = 0; i < MAXC * LDB; i++) {
                             uint32_t a = f32_bits(ref[i]), b = f32_bits(got[i]);
@@ -604,6 +661,7 @@ int main(void)
     test_quantize_t();
     test_widen_t();
     test_compute_scale();
+    test_dispatch_tables();
     report_coverage();
     return check_report("test_cast");
 }

@@ -355,13 +355,14 @@ static int same_bits(const void *a, const void *b, size_t n) { return memcmp(a, 
 static void test_kernels_bit_exact(void)
 {
     enum { N = 300 };
-    const fused_kernels *vars[3];
+    const fp8mix_fused_kernels *vars[3];
     int nv = 0;
 #if FP8MIX_X86
     fp8mix_isa best = fp8mix_cpu_isa();
-    static const fused_kernels k2 = {fused_widen_avx2, fused_lane_sums_avx2, fused_norm_apply_avx2, fused_act_avx2};
-    static const fused_kernels k5 = {fused_widen_avx512, fused_lane_sums_avx512, fused_norm_apply_avx512,
-                                     fused_act_avx512};
+    static const fp8mix_fused_kernels k2 = {fp8mix_fused_widen__avx2, fp8mix_fused_lane_sums__avx2,
+                                            fp8mix_fused_norm_apply__avx2, fp8mix_fused_act__avx2};
+    static const fp8mix_fused_kernels k5 = {fp8mix_fused_widen__avx512, fp8mix_fused_lane_sums__avx512,
+                                            fp8mix_fused_norm_apply__avx512, fp8mix_fused_act__avx512};
     if (best >= FP8MIX_ISA_AVX2) vars[nv++] = &k2;
     if (best >= FP8MIX_ISA_AVX512) vars[nv++] = &k5;
 #endif
@@ -377,26 +378,26 @@ static void test_kernels_bit_exact(void)
             h[t] = (uint16_t)rnd();
         }
         for (int v = 0; v < nv; v++, runs++) {
-            const fused_kernels *K = vars[v];
+            const fp8mix_fused_kernels *K = vars[v];
             fp8mix_act_kind k = (fp8mix_act_kind)(rnd() % 10);
-            fused_act_scalar(k, a, k >= FP8MIX_ACT_GEGLU ? b : NULL, n, o0);
+            fp8mix_fused_act_ref(k, a, k >= FP8MIX_ACT_GEGLU ? b : NULL, n, o0);
             K->act(k, a, k >= FP8MIX_ACT_GEGLU ? b : NULL, n, o1);
             bad += !same_bits(o0, o1, sizeof(float) * (size_t)n);
             memcpy(o1, a, sizeof a); /* in place */
             K->act(k, o1, NULL, n, o1);
-            fused_act_scalar(k, a, NULL, n, o0);
+            fp8mix_fused_act_ref(k, a, NULL, n, o0);
             bad += !same_bits(o0, o1, sizeof(float) * (size_t)n);
             int use_g = trial & 1, use_b = trial & 2;
-            fused_norm_apply_scalar(a, n, 0.25f, 1.5f, use_g ? g : NULL, use_b ? b : NULL, o0);
+            fp8mix_fused_norm_apply_ref(a, n, 0.25f, 1.5f, use_g ? g : NULL, use_b ? b : NULL, o0);
             K->norm_apply(a, n, 0.25f, 1.5f, use_g ? g : NULL, use_b ? b : NULL, o1);
             bad += !same_bits(o0, o1, sizeof(float) * (size_t)n);
             double l0[8] = {1, 2, 3, 4, 5, 6, 7, 8}, l1[8] = {1, 2, 3, 4, 5, 6, 7, 8};
-            fused_lane_sums_scalar(a, n, trial & 4, 0.125, l0);
+            fp8mix_fused_lane_sums_ref(a, n, trial & 4, 0.125, l0);
             K->lane_sums(a, n, trial & 4, 0.125, l1);
             for (int l = 0; l < 8; l++) /* NaN payloads of sums may differ; norm.c makes them canonical */
                 bad += !(f32_bits((float)l0[l]) == f32_bits((float)l1[l]) || (isnan(l0[l]) && isnan(l1[l])));
             fp8mix_dtype dt = trial & 8 ? FP8MIX_BF16 : FP8MIX_F16;
-            fused_widen_scalar(h, dt, n, o0);
+            fp8mix_fused_widen_ref(h, dt, n, o0);
             K->widen(h, dt, n, o1);
             for (int64_t t = 0; t < n; t++) /* NaN payloads may differ (F16C quiets them); values may not */
                 bad += !(f32_bits(o0[t]) == f32_bits(o1[t]) || (isnan(o0[t]) && isnan(o1[t])));

@@ -223,8 +223,8 @@ FP8MIX_INLINE int64_t cast_sat_run_t(const void *x, fp8mix_dtype xt, int sh, int
 
 #include "cast_fast.h"
 
-void fp8mix_cast_seg_avx2(const void *x, fp8mix_dtype xt, int64_t n, float scale, uint8_t *q,
-                          uint32_t *amax, const fp8_params *p, uint64_t seed, uint64_t rng_start)
+void fp8mix_cast_seg__avx2(const void *x, fp8mix_dtype xt, int64_t n, float scale, uint8_t *q,
+                           uint32_t *amax, const fp8_params *p, uint64_t seed, uint64_t rng_start)
 {
     int64_t done = fast_prefix(x, xt, n, scale, q, amax, p); /* amax only, the training cast */
     if (done > 0) {
@@ -271,8 +271,8 @@ void fp8mix_cast_seg_avx2(const void *x, fp8mix_dtype xt, int64_t n, float scale
     *amax = mm;
     if (i < n) {
         const uint8_t *xb = (const uint8_t *)x + (size_t)i * dtype_size(xt);
-        fp8mix_cast_seg_scalar(xb, xt, n - i, scale, q ? q + i : NULL, amax, p, seed,
-                               rng_start + (uint64_t)i);
+        fp8mix_cast_seg_ref(xb, xt, n - i, scale, q ? q + i : NULL, amax, p, seed,
+                            rng_start + (uint64_t)i);
     }
 }
 
@@ -288,8 +288,8 @@ static inline __m128i to_bf16_8(__m256 v)
     return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
 }
 
-void fp8mix_dequant_seg_avx2(const uint8_t *q, int64_t n, const float *table, float scale_inv,
-                             void *out, fp8mix_dtype out_t)
+void fp8mix_dequant_seg__avx2(const uint8_t *q, int64_t n, const float *table, float scale_inv,
+                              void *out, fp8mix_dtype out_t)
 {
     const __m256 s = _mm256_set1_ps(scale_inv);
     int64_t i = 0;
@@ -306,6 +306,6 @@ void fp8mix_dequant_seg_avx2(const uint8_t *q, int64_t n, const float *table, fl
         }
     }
     if (i < n)
-        fp8mix_dequant_seg_scalar(q + i, n - i, table, scale_inv,
-                                  (uint8_t *)out + (size_t)i * dtype_size(out_t), out_t);
+        fp8mix_dequant_seg_ref(q + i, n - i, table, scale_inv,
+                               (uint8_t *)out + (size_t)i * dtype_size(out_t), out_t);
 }

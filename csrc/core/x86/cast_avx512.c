@@ -186,9 +186,9 @@ FP8MIX_INLINE int64_t cast_sat_run_t(const void *x, fp8mix_dtype xt, int sh, int
 
 #include "cast_fast.h"
 
-void fp8mix_cast_seg_avx512(const void *x, fp8mix_dtype xt, int64_t n, float scale, uint8_t *q,
-                            uint32_t *amax, const fp8_params *p, uint64_t seed,
-                            uint64_t rng_start)
+void fp8mix_cast_seg__avx512(const void *x, fp8mix_dtype xt, int64_t n, float scale, uint8_t *q,
+                             uint32_t *amax, const fp8_params *p, uint64_t seed,
+                             uint64_t rng_start)
 {
     int64_t done = fast_prefix(x, xt, n, scale, q, amax, p); /* amax only, the training cast */
     if (done > 0) {
@@ -241,8 +241,8 @@ static inline __m256i to_bf16_16(__m512 v)
     return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rnd, nan, qn));
 }
 
-void fp8mix_dequant_seg_avx512(const uint8_t *q, int64_t n, const float *table, float scale_inv,
-                               void *out, fp8mix_dtype out_t)
+void fp8mix_dequant_seg__avx512(const uint8_t *q, int64_t n, const float *table, float scale_inv,
+                                void *out, fp8mix_dtype out_t)
 {
     const __m512 s = _mm512_set1_ps(scale_inv);
     for (int64_t i = 0; i < n; i += 16) {

@@ -1,17 +1,17 @@
 /*
  * fused_avx2.c — AVX2 (+F16C) kernels of the fused producer casts (fused.h):
  * widening to float32, the norm's float64 lane sums and affine step, and the
- * activations with act.c's exponential, 8 floats per step.  Every lane runs
- * the scalar kernel's IEEE operations in the same order (plain mul / add /
- * div, no FMA; the 8 float64 lanes of a sum are two registers of 4), so the
- * bits are the scalar ones; tails go to the scalar kernels.
+ * activations with fused_ref.c's exponential, 8 floats per step.  Every lane
+ * runs the scalar kernel's IEEE operations in the same order (plain mul / add
+ * / div, no FMA; the 8 float64 lanes of a sum are two registers of 4), so the
+ * bits are the scalar ones (fused_ref.c); tails go to the scalar kernels.
  */
 #include <immintrin.h>
 #include <math.h>
 
 #include "fused.h"
 
-void fused_widen_avx2(const void *src, fp8mix_dtype t, int64_t n, float *dst)
+void fp8mix_fused_widen__avx2(const void *src, fp8mix_dtype t, int64_t n, float *dst)
 {
     const uint16_t *s = (const uint16_t *)src;
     int64_t k = 0;
@@ -23,10 +23,10 @@ void fused_widen_avx2(const void *src, fp8mix_dtype t, int64_t n, float *dst)
     } else if (t == FP8MIX_F16) {
         for (; k + 8 <= n; k += 8) _mm256_storeu_ps(dst + k, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + k))));
     }
-    fused_widen_scalar((const uint8_t *)src + (size_t)k * dtype_size(t), t, n - k, dst + k);
+    fp8mix_fused_widen_ref((const uint8_t *)src + (size_t)k * dtype_size(t), t, n - k, dst + k);
 }
 
-void fused_lane_sums_avx2(const float *v, int64_t n, int squares, double c, double lanes[8])
+void fp8mix_fused_lane_sums__avx2(const float *v, int64_t n, int squares, double c, double lanes[8])
 {
     __m256d lo = _mm256_loadu_pd(lanes), hi = _mm256_loadu_pd(lanes + 4);
     const __m256d vc = _mm256_set1_pd(c);
@@ -44,10 +44,11 @@ void fused_lane_sums_avx2(const float *v, int64_t n, int squares, double c, doub
     }
     _mm256_storeu_pd(lanes, lo);
     _mm256_storeu_pd(lanes + 4, hi);
-    fused_lane_sums_scalar(v + t, n - t, squares, c, lanes); /* t is a multiple of 8: lanes line up */
+    fp8mix_fused_lane_sums_ref(v + t, n - t, squares, c, lanes); /* t is a multiple of 8: lanes line up */
 }
 
-void fused_norm_apply_avx2(const float *v, int64_t n, float m, float r, const float *g, const float *b, float *out)
+void fp8mix_fused_norm_apply__avx2(const float *v, int64_t n, float m, float r, const float *g, const float *b,
+                                   float *out)
 {
     const __m256 vm = _mm256_set1_ps(m), vr = _mm256_set1_ps(r);
     int64_t t = 0;
@@ -57,10 +58,10 @@ void fused_norm_apply_avx2(const float *v, int64_t n, float m, float r, const fl
         if (b) y = _mm256_add_ps(y, _mm256_loadu_ps(b + t));
         _mm256_storeu_ps(out + t, y);
     }
-    fused_norm_apply_scalar(v + t, n - t, m, r, g ? g + t : NULL, b ? b + t : NULL, out + t);
+    fp8mix_fused_norm_apply_ref(v + t, n - t, m, r, g ? g + t : NULL, b ? b + t : NULL, out + t);
 }
 
-/* act.c's act_exp, 8 lanes: the same reduction, polynomial and 2^n factors;
+/* fused_ref.c's act_exp, 8 lanes: the same reduction, polynomial and 2^n factors;
  * NaN, overflow and underflow lanes selected at the end. */
 static inline __m256 exp8(__m256 x)
 {
@@ -115,7 +116,7 @@ static inline __m256 act8(fp8mix_act_kind k, __m256 a)
     }
 }
 
-void fused_act_avx2(fp8mix_act_kind k, const float *a, const float *b, int64_t n, float *out)
+void fp8mix_fused_act__avx2(fp8mix_act_kind k, const float *a, const float *b, int64_t n, float *out)
 {
     int64_t t = 0;
     for (; t + 8 <= n; t += 8) {
@@ -123,5 +124,5 @@ void fused_act_avx2(fp8mix_act_kind k, const float *a, const float *b, int64_t n
         if (b) y = _mm256_mul_ps(y, _mm256_loadu_ps(b + t));
         _mm256_storeu_ps(out + t, y);
     }
-    fused_act_scalar(k, a + t, b ? b + t : NULL, n - t, out + t);
+    fp8mix_fused_act_ref(k, a + t, b ? b + t : NULL, n - t, out + t);
 }

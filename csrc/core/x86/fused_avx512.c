@@ -2,7 +2,7 @@
  * fused_avx512.c — AVX-512 (F/BW/VL/DQ) kernels of the fused producer casts
  * (fused.h), 16 floats per step: widening, the norm's float64 lane sums (the
  * 8 lanes are one register, fed twice per 16 floats in element order) and
- * affine step, and the activations with act.c's exponential.  Every lane
+ * affine step, and the activations with fused_ref.c's exponential.  Every lane
  * runs the scalar kernel's IEEE operations in the same order (no FMA), so
  * the bits are the scalar ones; tails go to the scalar kernels.
  */
@@ -11,7 +11,7 @@
 
 #include "fused.h"
 
-void fused_widen_avx512(const void *src, fp8mix_dtype t, int64_t n, float *dst)
+void fp8mix_fused_widen__avx512(const void *src, fp8mix_dtype t, int64_t n, float *dst)
 {
     const uint16_t *s = (const uint16_t *)src;
     int64_t k = 0;
@@ -24,10 +24,10 @@ void fused_widen_avx512(const void *src, fp8mix_dtype t, int64_t n, float *dst)
         for (; k + 16 <= n; k += 16)
             _mm512_storeu_ps(dst + k, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + k))));
     }
-    fused_widen_scalar((const uint8_t *)src + (size_t)k * dtype_size(t), t, n - k, dst + k);
+    fp8mix_fused_widen_ref((const uint8_t *)src + (size_t)k * dtype_size(t), t, n - k, dst + k);
 }
 
-void fused_lane_sums_avx512(const float *v, int64_t n, int squares, double c, double lanes[8])
+void fp8mix_fused_lane_sums__avx512(const float *v, int64_t n, int squares, double c, double lanes[8])
 {
     __m512d acc = _mm512_loadu_pd(lanes);
     const __m512d vc = _mm512_set1_pd(c);
@@ -41,11 +41,11 @@ void fused_lane_sums_avx512(const float *v, int64_t n, int squares, double c, do
         acc = _mm512_add_pd(acc, a);
     }
     _mm512_storeu_pd(lanes, acc);
-    fused_lane_sums_scalar(v + t, n - t, squares, c, lanes); /* t is a multiple of 8: lanes line up */
+    fp8mix_fused_lane_sums_ref(v + t, n - t, squares, c, lanes); /* t is a multiple of 8: lanes line up */
 }
 
-void fused_norm_apply_avx512(const float *v, int64_t n, float m, float r, const float *g, const float *b,
-                             float *out)
+void fp8mix_fused_norm_apply__avx512(const float *v, int64_t n, float m, float r, const float *g, const float *b,
+                                     float *out)
 {
     const __m512 vm = _mm512_set1_ps(m), vr = _mm512_set1_ps(r);
     int64_t t = 0;
@@ -55,10 +55,10 @@ void fused_norm_apply_avx512(const float *v, int64_t n, float m, float r, const 
         if (b) y = _mm512_add_ps(y, _mm512_loadu_ps(b + t));
         _mm512_storeu_ps(out + t, y);
     }
-    fused_norm_apply_scalar(v + t, n - t, m, r, g ? g + t : NULL, b ? b + t : NULL, out + t);
+    fp8mix_fused_norm_apply_ref(v + t, n - t, m, r, g ? g + t : NULL, b ? b + t : NULL, out + t);
 }
 
-/* act.c's act_exp, 16 lanes (see fused_avx2.c's exp8). */
+/* fused_ref.c's act_exp, 16 lanes (see fused_avx2.c's exp8). */
 static inline __m512 exp16(__m512 x)
 {
     const __m512 rnd = _mm512_set1_ps(ACT_ROUND);
@@ -114,7 +114,7 @@ static inline __m512 act16(fp8mix_act_kind k, __m512 a)
     }
 }
 
-void fused_act_avx512(fp8mix_act_kind k, const float *a, const float *b, int64_t n, float *out)
+void fp8mix_fused_act__avx512(fp8mix_act_kind k, const float *a, const float *b, int64_t n, float *out)
 {
     int64_t t = 0;
     for (; t + 16 <= n; t += 16) {
@@ -122,5 +122,5 @@ void fused_act_avx512(fp8mix_act_kind k, const float *a, const float *b, int64_t
         if (b) y = _mm512_mul_ps(y, _mm512_loadu_ps(b + t));
         _mm512_storeu_ps(out + t, y);
     }
-    fused_act_scalar(k, a + t, b ? b + t : NULL, n - t, out + t);
+    fp8mix_fused_act_ref(k, a + t, b ? b + t : NULL, n - t, out + t);
 }

@@ -2,7 +2,7 @@
  * gemm_avx512bf16.c — AVX512_BF16 GEMM microkernel, 14 x 32 tile: every FP8
  * value is exact in bf16, so vdpbf16ps multiplies two k-steps per lane at
  * once.  Its two adds per lane (odd element first, each rounded) are the
- * canonical order of gemm_internal.h; gemm.c probes once that this CPU agrees
+ * canonical order of gemm_internal.h; dispatch.c probes once that this CPU agrees
  * bit for bit with the float32 kernel before using it.
  */
 #include "gemm_internal.h"

@@ -1,8 +1,8 @@
 /*
  * gemm_epilogue_avx2.c — the GEMM epilogue's common case on a tile, eight
  * lanes at a time: out = (sa * sb) * sum, then + bias, a multiply and an add,
- * each rounded to float32 (no FMA: the scalar rule of gemm.c's epilogue).
- * Bit-identical to fp8mix_gemm_scale_rows__scalar; tests/c/test_gemm.c
+ * each rounded to float32 (no FMA: the rule of gemm_epilogue.c).
+ * Bit-identical to fp8mix_gemm_scale_rows_ref; tests/c/test_gemm.c
  * compares every microkernel's GEMMs (this epilogue included) with the
  * scalar reference.
  */

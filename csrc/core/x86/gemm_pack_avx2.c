@@ -1,7 +1,7 @@
 /*
  * gemm_pack_avx2.c — AVX2 packing of GEMM panels: FP8 bytes decoded to
  * float32 (or bf16 pairs) sixteen at a time, in the layouts of gemm_internal.h.
- * Bit-identical to the scalar packing in gemm.c (tests/c/test_gemm.c compares
+ * Bit-identical to the scalar packing in gemm_ref.c (tests/c/test_gemm.c compares
  * them over every byte, also with DAZ/FTZ set); used by every x86 microkernel.
  *
  * Decoding goes through float16, which F16C converts exactly (its denormals

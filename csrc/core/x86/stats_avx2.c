@@ -2,9 +2,9 @@
  * stats_avx2.c — AVX2 (+F16C) segment kernel of fp8mix_quant_stats.  A step
  * is 16 elements in two halves of 8 lanes, lane t feeding partial sum t (the
  * header's fixed order), so the float64 sums are bit-identical to the scalar
- * reference in stats.c.  Counts classify q's bytes (signed compares suffice:
- * every compared value is below 2^31).  tests/c/test_stats.c checks every
- * variant against the scalar kernel bit for bit.
+ * reference in stats_ref.c.  Counts classify q's bytes (signed compares
+ * suffice: every compared value is below 2^31).  tests/c/test_stats.c checks
+ * every variant against the scalar kernel bit for bit.
  */
 #include <immintrin.h>
 
@@ -148,8 +148,8 @@ static uint32_t hred(__m256i v, int want_max)
     return r;
 }
 
-void fp8mix_stats_seg_avx2(fp8mix_stats_acc *a, const void *x, fp8mix_dtype xt, const uint8_t *q, int64_t n,
-                           const fp8mix_stats_seg *s)
+void fp8mix_stats_seg__avx2(fp8mix_stats_acc *a, const void *x, fp8mix_dtype xt, const uint8_t *q, int64_t n,
+                            const fp8mix_stats_seg *s)
 {
     run256 r;
     for (int k = 0; k < STATS_SUMS; k++)

@@ -1,7 +1,7 @@
 /*
  * stats_avx512.c — AVX-512 (F/BW/VL/DQ) segment kernel of fp8mix_quant_stats,
  * 16 lanes: lane t of a step feeds partial sum t (the header's fixed order),
- * so the float64 sums are bit-identical to the scalar reference in stats.c.
+ * so the float64 sums are bit-identical to the scalar reference in stats_ref.c.
  * The counts classify q's bytes instead of comparing decoded values (equal by
  * the formats' encodings); tests/c/test_stats.c checks every variant against
  * the scalar kernel bit for bit.
@@ -113,8 +113,8 @@ static void flush_counts(run512 *r, fp8mix_stats_acc *a)
     r->nz = r->nan = r->nonfin = r->und = r->sat = r->ovf = r->sub = _mm512_setzero_si512();
 }
 
-void fp8mix_stats_seg_avx512(fp8mix_stats_acc *a, const void *x, fp8mix_dtype xt, const uint8_t *q, int64_t n,
-                             const fp8mix_stats_seg *s)
+void fp8mix_stats_seg__avx512(fp8mix_stats_acc *a, const void *x, fp8mix_dtype xt, const uint8_t *q, int64_t n,
+                              const fp8mix_stats_seg *s)
 {
     run512 r;
     for (int k = 0; k < STATS_SUMS; k++)

@@ -56,8 +56,8 @@ static inline void tile16(const uint8_t *s, int64_t ls, uint8_t *d, int64_t ld)
  * stores when dst is 16-byte aligned there: a large qt then costs no reads
  * for ownership (its lines are written whole), which is up to half of its
  * memory traffic. */
-void fp8mix_transpose_u8_lines_sse2(const uint8_t *src, int64_t ld_src, uint8_t *dst, int64_t ld_dst, int64_t rows,
-                                    int64_t cols, int stream)
+void fp8mix_transpose_u8_lines__sse2(const uint8_t *src, int64_t ld_src, uint8_t *dst, int64_t ld_dst, int64_t rows,
+                                     int64_t cols, int stream)
 {
     _Alignas(16) uint8_t stage[16 * 64];
     for (int64_t j = 0; j < cols; j += 16) {
@@ -74,8 +74,8 @@ void fp8mix_transpose_u8_lines_sse2(const uint8_t *src, int64_t ld_src, uint8_t 
     if (stream) _mm_sfence(); /* order the streamed lines before the task's end is signalled */
 }
 
-void fp8mix_transpose_u8_sse2(const uint8_t *src, int64_t ld_src, uint8_t *dst, int64_t ld_dst, int64_t rows,
-                              int64_t cols)
+void fp8mix_transpose_u8__sse2(const uint8_t *src, int64_t ld_src, uint8_t *dst, int64_t ld_dst, int64_t rows,
+                               int64_t cols)
 {
     int64_t r16 = rows & ~(int64_t)15, c16 = cols & ~(int64_t)15;
     for (int64_t j = 0; j < c16; j += 16)

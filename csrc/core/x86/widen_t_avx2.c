@@ -7,7 +7,7 @@
  * Zen 3).  Here eight rows are widened to float32 in registers and transposed
  * with the usual unpack / shuffle / lane-permute network, so every store is a
  * whole 8-float row of the buffer.  Widening is exact for every input type,
- * and the result equals fp8mix_widen_t_scalar's bit for bit (the ragged
+ * and the result equals fp8mix_widen_t_ref's bit for bit (the ragged
  * edges go to it) except for a float16 signalling NaN, which F16C returns
  * quiet: every NaN casts to the same FP8 code and folds into amax as the
  * same quiet NaN, so the quantisation is unchanged.  Tested through fp8mix_quantize_current_t
@@ -54,8 +54,8 @@ static inline void transpose8_store(__m256 r[8], float *out, int64_t ldb)
     _mm256_storeu_ps(out + 7 * ldb, _mm256_permute2f128_ps(u3, u7, 0x31));
 }
 
-void fp8mix_widen_t_avx2(const void *x, fp8mix_dtype xt, int64_t ld_x, int64_t rows, int64_t cols, float *buf,
-                         int64_t ldb)
+void fp8mix_widen_t__avx2(const void *x, fp8mix_dtype xt, int64_t ld_x, int64_t rows, int64_t cols, float *buf,
+                          int64_t ldb)
 {
     const size_t esz = dtype_size(xt);
     const uint8_t *xb = (const uint8_t *)x;
@@ -67,7 +67,7 @@ void fp8mix_widen_t_avx2(const void *x, fp8mix_dtype xt, int64_t ld_x, int64_t r
             transpose8_store(r, buf + j * ldb + i, ldb);
         }
     /* the ragged right strip (all rows) and bottom strip (8-aligned columns) */
-    if (c8 < cols) fp8mix_widen_t_scalar(xb + (size_t)c8 * esz, xt, ld_x, rows, cols - c8, buf + c8 * ldb, ldb);
+    if (c8 < cols) fp8mix_widen_t_ref(xb + (size_t)c8 * esz, xt, ld_x, rows, cols - c8, buf + c8 * ldb, ldb);
     if (r8 < rows && c8 > 0)
-        fp8mix_widen_t_scalar(xb + (size_t)(r8 * ld_x) * esz, xt, ld_x, rows - r8, c8, buf + r8, ldb);
+        fp8mix_widen_t_ref(xb + (size_t)(r8 * ld_x) * esz, xt, ld_x, rows - r8, c8, buf + r8, ldb);
 }
