@@ -1,7 +1,7 @@
 /*
  * mx.cu — MX (OCP Microscaling v1.0, MXFP8) on the GPU: the MX quantisation and its
  * transposed second quantisation with the C core's rules (fp8_rules.h's
- * fp8r_mx_exponent and encoder: the same bytes and scales as csrc/core/mx.c), the
+ * fp8r_mx_exponent and encoder: the same bytes and scales as csrc/core/cast_mx.c), the
  * swizzle of E8M0 scales into cuBLASLt's VEC32_UE8M0 layout, and the cuBLASLt GEMM
  * with MX scales (CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0, compute capability 10.x,
  * cuBLAS 12.8+).  Entry points and layouts: mx.cuh.

@@ -1,7 +1,7 @@
 /*
  * stats_rules.cuh — fp8mix_quant_stats' definitions as host+device code: the
  * parameters of a scale_inv segment, one element's contribution to a lane's running
- * sums (csrc/core/stats.c, fp8mix_stats_seg_scalar, step for step), the histogram
+ * sums (csrc/core/stats_ref.c, fp8mix_stats_seg_ref, step for step), the histogram
  * bin from exact exponent bits, and the fixed tree that reduces a task's 16 lane
  * partials.  stats.cu's kernels run them on the device; the host test
  * (csrc/cuda/tests/host_rules.cu) runs them serially on the CPU in the documented
@@ -110,7 +110,7 @@ FP8S_FN int stats_bin(float ax, const StatsSeg &s)
     return e < 0 ? 0 : e >= FP8MIX_STATS_HIST_BINS ? FP8MIX_STATS_HIST_BINS - 1 : e;
 }
 
-/* Element v (its FP8 value d) into lane a: fp8mix_stats_seg_scalar's step.  Returns
+/* Element v (its FP8 value d) into lane a: fp8mix_stats_seg_ref's step.  Returns
  * the histogram bin it counts in, or -1. */
 FP8S_FN int stats_elem(StatsLane &a, float v, float d, const StatsSeg &s)
 {
