@@ -69,7 +69,7 @@ class _Conv1D(nn.Module):
 def _state_hash(model: nn.Module) -> str:
     h = hashlib.sha256()
     for k, v in sorted(model.state_dict().items()):
-        if isinstance(v, torch.Tensor):
+        if isinstance(v, torch.Tensor) and not k.endswith("fp8_version"):  # (the layout's number, not state)
             h.update(k.encode())
             t = v.detach().cpu().contiguous()
             h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")

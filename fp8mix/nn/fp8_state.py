@@ -14,6 +14,8 @@ owning roles 3g (input), 3g+1 (weight), 3g+2 (grad_output); a Linear has G = 1):
     fp8_grad_slot     (G,)   int64    the slot the next forward hands its backward
     fp8_rng           (2,)   int64    stochastic rounding: Philox key, next offset
     fp8_auto          (R, 5) int64    Format.AUTO's state per role (fp8mix.auto_format)
+    fp8_version       ()     int64    the layout of this state (FP8_STATE_VERSION): a checkpoint
+                                      without it is version 1 (loads), a newer one is refused
 
 When the history rolls (DelayedScaling): every *training* forward (grad enabled and
 ``module.training``; or inside ``fp8_autocast(calibrating=True)``) records the amax of
@@ -30,7 +32,10 @@ state but keep its dtypes (float32 / int64): scales never lose precision. A modu
 on the meta device and materialised with ``to_empty()`` starts a fresh FP8 state, equal
 to a module built normally, as does ``reset_parameters()``. A checkpoint of a plain
 ``nn.Linear`` loads with ``strict=True`` (the FP8 state starts fresh); checkpoints from
-earlier fp8mix versions (shorter histories, no pending/rng/auto buffers) load too.
+earlier fp8mix versions (shorter histories, no pending/rng/auto/version buffers) load too;
+one written by a newer fp8mix (a higher fp8_version) raises a ValueError naming the module
+and both versions, instead of loading state this version would misread. The version is a
+buffer, so it travels with the state through torch.distributed.checkpoint too.
 """
 from __future__ import annotations
 
@@ -45,14 +50,16 @@ from ..formats import Format
 from ..recipe import ROLES, role_format
 from .recompute import ReplayQueue
 
-__all__ = ["FP8StateMixin", "HISTORY_CAPACITY", "GRAD_SLOTS", "FP8_STATE_KEYS"]
+__all__ = ["FP8StateMixin", "HISTORY_CAPACITY", "GRAD_SLOTS", "FP8_STATE_KEYS", "FP8_STATE_VERSION"]
 
 log = logging.getLogger("fp8mix")
 
 HISTORY_CAPACITY = 1024
 GRAD_SLOTS = 8
 _CORE_KEYS = ("fp8_amax_history", "fp8_scale", "fp8_steps")
-_OPTIONAL_KEYS = ("fp8_grad_pending", "fp8_grad_slot", "fp8_rng", "fp8_auto")  # newer than some checkpoints
+_OPTIONAL_KEYS = ("fp8_grad_pending", "fp8_grad_slot", "fp8_rng", "fp8_auto", "fp8_version")  # newer than some
+# checkpoints
+FP8_STATE_VERSION = 2  # 1: every checkpoint before the version buffer; 2: + fp8_version
 FP8_STATE_KEYS = _CORE_KEYS + _OPTIONAL_KEYS
 
 # Stochastic-rounding keys: derived from torch's initial seed and the order modules are
@@ -96,6 +103,7 @@ class FP8StateMixin(_Module):
     fp8_grad_slot: torch.Tensor
     fp8_rng: torch.Tensor
     fp8_auto: torch.Tensor
+    fp8_version: torch.Tensor
 
     # ---- construction ------------------------------------------------------------------
     @property
@@ -112,6 +120,7 @@ class FP8StateMixin(_Module):
         self.register_buffer("fp8_grad_slot", torch.zeros(G, dtype=torch.int64, device=device))
         self.register_buffer("fp8_rng", torch.tensor([self._fp8_key, 0], dtype=torch.int64, device=device))
         self.register_buffer("fp8_auto", torch.tensor(_auto_initial(R), dtype=torch.int64, device=device))
+        self.register_buffer("fp8_version", torch.tensor(FP8_STATE_VERSION, dtype=torch.int64, device=device))
         self._reset_python_state()
         self._fp8_absent: list = []
         self._fp8_hooks = [self.register_load_state_dict_post_hook(_after_load),
@@ -139,14 +148,22 @@ class FP8StateMixin(_Module):
             self._reset_optional_state()
         self._reset_python_state()
 
-    def _reset_optional_state(self) -> None:
+    def _reset_optional_state(self, keys=_OPTIONAL_KEYS) -> None:
+        """Fresh values for the buffers `keys` (of _OPTIONAL_KEYS: those a checkpoint may lack)."""
         with torch.no_grad():
-            self.fp8_grad_pending.fill_(-1.0)
-            self.fp8_grad_slot.zero_()
-            self.fp8_rng.copy_(torch.tensor([self._fp8_key, 0], dtype=torch.int64))
-            self.fp8_auto.copy_(torch.tensor(_auto_initial(self.fp8_roles), dtype=torch.int64))
-        self._auto_state = _auto_initial(self.fp8_roles)
-        self._auto_reasons = {}
+            if "fp8_grad_pending" in keys:
+                self.fp8_grad_pending.fill_(-1.0)
+            if "fp8_grad_slot" in keys:
+                self.fp8_grad_slot.zero_()
+            if "fp8_rng" in keys:
+                self.fp8_rng.copy_(torch.tensor([self._fp8_key, 0], dtype=torch.int64))
+            if "fp8_auto" in keys:
+                self.fp8_auto.copy_(torch.tensor(_auto_initial(self.fp8_roles), dtype=torch.int64))
+            if "fp8_version" in keys:
+                self.fp8_version.fill_(FP8_STATE_VERSION)
+        if "fp8_auto" in keys:
+            self._auto_state = _auto_initial(self.fp8_roles)
+            self._auto_reasons = {}
 
     def _ensure_history(self, length: int) -> None:
         """Grow the history buffer for a recipe longer than it (rows kept, new rows empty)."""
@@ -198,6 +215,7 @@ class FP8StateMixin(_Module):
             padded = torch.zeros(rows, have.shape[1], dtype=src.dtype, device=src.device)
             padded[: src.shape[0]] = src
             state_dict[key] = padded
+        _check_version(state_dict.get(prefix + "fp8_version"), prefix, type(self).__name__)
         self._fp8_absent = [prefix + k for k in FP8_STATE_KEYS if prefix + k not in state_dict]
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict,  # type: ignore[misc]
                                       missing_keys, unexpected_keys, error_msgs)
@@ -224,6 +242,20 @@ class FP8StateMixin(_Module):
         return getattr(self, "_fp8_name", None) or f"{type(self).__name__}@{id(self):x}"
 
 
+def _check_version(v, prefix: str, owner: str) -> None:
+    """Refuse FP8 state written by a newer fp8mix (its layout may differ from this one's)."""
+    if v is None or (isinstance(v, torch.Tensor) and v.is_meta):
+        return  # version 1 (or a plain torch checkpoint): loads; a meta tensor has no value to check
+    try:
+        n = int(v.reshape(()).item()) if isinstance(v, torch.Tensor) else int(v)
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(f"fp8mix.{owner}: the checkpoint's {prefix}fp8_version is not one integer: {v!r}") from None
+    if not 1 <= n <= FP8_STATE_VERSION:
+        raise ValueError(f"fp8mix.{owner}: the checkpoint's FP8 state ({prefix}fp8_version) is version {n}; this "
+                         f"fp8mix reads versions 1 to {FP8_STATE_VERSION}. Upgrade fp8mix, or load the weights "
+                         "without the FP8 state (fp8mix.strip_fp8_state) and start a fresh one")
+
+
 def _after_load(module, incompatible_keys) -> None:
     """Let a plain nn.Linear checkpoint load with strict=True (all FP8 buffers missing:
     fresh FP8 state), and older fp8mix checkpoints without the newer buffers."""
@@ -236,8 +268,8 @@ def _after_load(module, incompatible_keys) -> None:
         missing.remove(k)
     if fresh:
         module.reset_fp8_state()
-    elif optional:
-        module._reset_optional_state()
+    elif optional:  # an older checkpoint: fresh values for the buffers it did not have, its own for the rest
+        module._reset_optional_state(tuple(k.rsplit(".", 1)[-1] for k in optional))
     module._reset_python_state()
     module._auto_state = [list(map(int, r)) for r in module.fp8_auto.tolist()]
     module._maybe_fresh = [int(n) == 0 for n in module.fp8_steps.tolist()]

@@ -265,7 +265,7 @@ def test_linear_through_one_op_equals_the_separate_ops(recipe_cls):
     assert casts == [merged, "linear_backward"]
     for i, (a, b) in enumerate(zip(out_a, out_b)):
         assert torch.equal(a, b), f"tensor {i} of the run differs"
-    assert len(state_a) == 7
+    assert len(state_a) == 8
     for a, b in zip(state_a, state_b):
         assert torch.equal(a, b)
     torch.manual_seed(0)  # and it is a Linear: the first step is close to nn.Linear's (same init, same input)
