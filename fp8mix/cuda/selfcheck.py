@@ -251,15 +251,15 @@ class _TorchScaledMmSeen(torch.overrides.TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def scaled_mm_noting_fallback(a, b, scale_a, scale_b, bias=None, out_dtype=torch.float32):
-    """``ops.scaled_mm(a, b, scale_a, scale_b, bias=bias, out_dtype=out_dtype)`` and whether
-    cuBLASLt refused it, i.e. the product came from the torch._scaled_mm fallback (which
-    ops.scaled_mm runs through the CUDA hooks): (out, refused). With no hooks installed
-    (ops.set_cuda_hooks(None)) ops.scaled_mm re-raises the refusal, and the fallback runs
-    here; any other error propagates."""
+def scaled_mm_noting_fallback(a, b, scale_a, scale_b, bias=None, out_dtype=torch.float32, **kw):
+    """``ops.scaled_mm(a, b, scale_a, scale_b, bias=bias, out_dtype=out_dtype, **kw)`` and
+    whether cuBLASLt refused it, i.e. the product came from the torch._scaled_mm fallback
+    (which ops.scaled_mm runs through the CUDA hooks, ignoring kw): (out, refused). With no
+    hooks installed (ops.set_cuda_hooks(None)) ops.scaled_mm re-raises the refusal, and the
+    fallback runs here; any other error propagates."""
     with _TorchScaledMmSeen() as seen:
         try:
-            out = ops.scaled_mm(a, b, scale_a, scale_b, bias=bias, out_dtype=out_dtype)
+            out = ops.scaled_mm(a, b, scale_a, scale_b, bias=bias, out_dtype=out_dtype, **kw)
         except NotImplementedError as e:
             if not is_refusal(e):
                 raise
