@@ -127,7 +127,7 @@ def bytes_of(q: torch.Tensor) -> np.ndarray:
 
 def fp8mix_cast(x: torch.Tensor, scale, f: Fmt, saturate: bool, gran: int = 0, **kw) -> np.ndarray:
     s = scale if isinstance(scale, torch.Tensor) else torch.tensor(scale, dtype=torch.float32)
-    q, _, _ = torch.ops.fp8mix.cast(x, s, f.tdt, gran, saturate, **kw)
+    q, _, _ = ops.cast(x, s, f.tdt, granularity=gran, saturate=saturate, **kw)
     return bytes_of(q)
 
 
@@ -491,7 +491,7 @@ def test_sr_determinism_and_counter():
     s = torch.tensor(1.0)
 
     def sr(xx, seed, offset):
-        return bytes_of(torch.ops.fp8mix.cast(xx, s, torch.float8_e4m3fn, 0, True, True, seed, offset)[0])
+        return bytes_of(ops.cast(xx, s, torch.float8_e4m3fn, stochastic=True, seed=seed, offset=offset)[0])
 
     a = sr(x, 5, 0)
     assert np.array_equal(a, sr(x, 5, 0)), "same seed+offset must give the same bytes"
@@ -511,12 +511,12 @@ def test_sr_determinism_and_counter():
 def test_sr_same_bytes_for_any_thread_count():
     rng = np.random.default_rng(4)
     x = torch.from_numpy(log_uniform(1 << 21, -12, 8, rng)).reshape(512, -1)
-    args = (torch.tensor(1.0), torch.float8_e4m3fn, 0, True, True, 11, 7)
+    kw = dict(stochastic=True, seed=11, offset=7)
     torch.set_num_threads(1)
-    one = bytes_of(torch.ops.fp8mix.cast(x, *args)[0])
+    one = bytes_of(ops.cast(x, torch.tensor(1.0), torch.float8_e4m3fn, **kw)[0])
     ct1 = fp8mix.cast_transpose(x, scale=1.0, rounding="stochastic", seed=11, offset=7)
     torch.set_num_threads(4)
-    many = bytes_of(torch.ops.fp8mix.cast(x, *args)[0])
+    many = bytes_of(ops.cast(x, torch.tensor(1.0), torch.float8_e4m3fn, **kw)[0])
     ct4 = fp8mix.cast_transpose(x, scale=1.0, rounding="stochastic", seed=11, offset=7)
     assert np.array_equal(one, many)
     assert torch.equal(ct1[1].data.view(torch.uint8), ct4[1].data.view(torch.uint8))
@@ -645,7 +645,7 @@ def test_amax(gran, dtype_name):
             assert got.dtype == torch.float32 and got.shape == exp.shape, (what, got.shape, exp.shape)
             assert_f32_bits_equal(got, exp, what)
             # the fused cast's per-tensor amax is of the input, before scaling
-            am = torch.ops.fp8mix.cast(x, torch.tensor(0.125), torch.float8_e4m3fn, 0)[2]
+            am = ops.cast(x, torch.tensor(0.125), torch.float8_e4m3fn)[2]
             assert_f32_bits_equal(am, exp_t, what + " (cast's amax)")
             if name == "nan/inf":
                 nan_bits = got[torch.isnan(got)].view(torch.int32)
@@ -690,7 +690,7 @@ def ref_compute_scale(am: np.ndarray, fmax: float, margin=0, pow2=False, eps=0.0
 def test_compute_scale(f, pow2, margin, eps):
     am = np.array([0.0, np.nan, np.inf, 1e-45, 1e-38, 3.4e38, 2.0, 3.0, 448.0, 1e-4, 12345.678, 0.1, 1.0],
                   np.float32)
-    s, si = torch.ops.fp8mix.compute_scale(torch.from_numpy(am), f.tdt, margin, pow2, eps)
+    s, si = ops.compute_scale(torch.from_numpy(am), f.tdt, margin=margin, power_2_scale=pow2, amax_epsilon=eps)
     es, esi = ref_compute_scale(am, f.max, margin, pow2, eps)
     assert_f32_bits_equal(s, es, f"compute_scale scale margin={margin} pow2={pow2} eps={eps}")
     assert_f32_bits_equal(si, esi, f"compute_scale scale_inv margin={margin} pow2={pow2} eps={eps}")
@@ -953,9 +953,9 @@ BAD_CASES = [
     ("amax int", lambda: fp8mix.amax(torch.arange(3)), TypeError, ["float32"]),
     ("cast_transpose f64", lambda: fp8mix.cast_transpose(torch.ones(2, 2, dtype=torch.float64)), TypeError,
      ["float64"]),
-    ("ops.cast int", lambda: torch.ops.fp8mix.cast(torch.arange(3), torch.tensor(1.0), torch.float8_e4m3fn, 0),
-     TypeError, ["float32"]),
-    ("ops.cast not fp8", lambda: torch.ops.fp8mix.cast(X, torch.tensor(1.0), torch.float16, 0), TypeError, ["float8"]),
+    ("ops.cast int", lambda: ops.cast(torch.arange(3), torch.tensor(1.0), torch.float8_e4m3fn), TypeError,
+     ["float32"]),
+    ("ops.cast not fp8", lambda: ops.cast(X, torch.tensor(1.0), torch.float16), TypeError, ["float8"]),
     ("scale shape row", lambda: fp8mix.quantize(X, scale=torch.ones(3), granularity="row"), ValueError,
      ["scale", "4"]),
     ("scale shape tensor", lambda: fp8mix.quantize(X, scale=torch.ones(2)), ValueError, ["scale"]),
@@ -979,7 +979,7 @@ BAD_CASES = [
     ("cast_transpose scale 0", lambda: fp8mix.cast_transpose(X, scale=torch.tensor(0.0)), ValueError, ["scale"]),
     ("granularity", lambda: fp8mix.quantize(X, granularity="col"), ValueError, ["granularity", "col"]),
     ("amax granularity", lambda: fp8mix.amax(X, "bogus"), ValueError, ["granularity", "bogus"]),
-    ("ops granularity", lambda: torch.ops.fp8mix.cast(X, torch.tensor(1.0), torch.float8_e4m3fn, 7), ValueError,
+    ("ops granularity", lambda: ops.cast(X, torch.tensor(1.0), torch.float8_e4m3fn, granularity=7), ValueError,
      ["granularity"]),
     ("cast_transpose row", lambda: fp8mix.cast_transpose(X, granularity="row"), ValueError, ["granularity"]),
     ("rounding", lambda: fp8mix.quantize(X, rounding="up"), ValueError, ["rounding", "up"]),
@@ -1000,7 +1000,7 @@ BAD_CASES = [
     ("dequantize scale_inv nan",
      lambda: fp8mix.dequantize(Float8Tensor(fp8mix.quantize(X).data, torch.tensor(float("nan")))),
      ValueError, ["scale_inv"]),
-    ("compute_scale margin", lambda: torch.ops.fp8mix.compute_scale(torch.ones(2), torch.float8_e4m3fn, -1), ValueError,
+    ("compute_scale margin", lambda: ops.compute_scale(torch.ones(2), torch.float8_e4m3fn, margin=-1), ValueError,
      ["margin"]),
     ("set_max_isa", lambda: ops.set_max_isa("sse9"), ValueError, ["sse9"]),
 ]
@@ -1055,9 +1055,9 @@ def test_empty_tensors(shape):
     attempt("quantize(scale=2.0)", q_scale)
     attempt("cast_transpose(scale=None)", lambda: ct(None))
     attempt("cast_transpose(scale=1.0)", lambda: ct(1.0))
-    attempt("ops.cast", lambda: torch.ops.fp8mix.cast(x, torch.tensor(1.0), torch.float8_e4m3fn, 0))
+    attempt("ops.cast", lambda: ops.cast(x, torch.tensor(1.0), torch.float8_e4m3fn))
     q8 = torch.empty(shape, dtype=torch.float8_e4m3fn)
-    attempt("ops.dequantize", lambda: torch.ops.fp8mix.dequantize(q8, torch.tensor(1.0), 0, torch.float32))
+    attempt("ops.dequantize", lambda: ops.dequantize(q8, torch.tensor(1.0), out_dtype=torch.float32))
     if failures:
         pytest.fail(f"LIBRARY BUG: empty input {shape} rejected:\n  " + "\n  ".join(failures))
 

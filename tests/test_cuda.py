@@ -25,7 +25,7 @@ import pytest
 import torch
 
 import fp8mix
-from fp8mix import ops  # noqa: F401  (loads the native library)
+from fp8mix import ops
 from fp8mix.cuda import _capi, fallback, selfcheck
 from fp8mix.cuda import recipe_cases as rc
 from fp8mix.cuda.compare import Case, gemm_bound, verify
@@ -34,14 +34,13 @@ from fp8mix.cuda.compare import Case, gemm_bound, verify
 # the device (both halves on the CPU; GPU-only tests skip). Otherwise the device is CUDA.
 DEV = os.environ.get("FP8MIX_CUDA_TESTS_ON", "cuda")
 ON_GPU = DEV == "cuda"
-_HAS_CUDA_KERNELS = torch.cuda.is_available() and torch._C._dispatch_has_kernel_for_dispatch_key(
-    "fp8mix::cast", "CUDA")
+_HAS_CUDA_KERNELS = torch.cuda.is_available() and ops.has_kernels("cast", torch.device("cuda"))
 if ON_GPU and not _HAS_CUDA_KERNELS:  # one skip for the module, not one per parametrized case
     pytest.skip("needs an NVIDIA GPU and fp8mix built with CUDA (FP8MIX_FORCE_CUDA=1)", allow_module_level=True)
 gpu_only = pytest.mark.skipif(not ON_GPU, reason="a CUDA device itself (dry run on the CPU)")
 
 E4, E5 = torch.float8_e4m3fn, torch.float8_e5m2
-_ops = torch.ops.fp8mix  # raw ops, positional: the schemas only gain trailing defaulted arguments
+SPEC4 = ops.DelayedSpec(history_len=4)  # margin 0, no power-of-two scales, "max", interval 1
 HP = (torch.float32, torch.bfloat16, torch.float16)
 # rows x cols: aligned (vector path), odd (scalar path / partial tiles), tall, tiny, empty
 SHAPES = [(256, 384), (130, 200), (1, 16), (3, 17), (257, 129), (64, 4096), (0, 32), (5, 0)]
@@ -75,15 +74,13 @@ def _bits(t):
     return t.float().view(torch.int32).cpu() if t.dtype == torch.float32 else t.view(torch.int16).cpu()
 
 
-def _mm_or_fallback(name, allow_refusal, a, b, sa, sb, bias, out):
-    """fp8mix's CUDA scaled_mm, or torch._scaled_mm through the fallback when cuBLASLt
-    refuses the problem and the rules allow a refusal here."""
-    try:
-        return _ops.scaled_mm(a, b, sa, sb, bias, out, "fp32", 128)
-    except NotImplementedError as e:
-        assert fallback.is_refusal(e), str(e)
-        assert allow_refusal, f"scaled_mm {name} must not be refused on this device: {e}"
-        return fallback.scaled_mm_fallback(a, b, sa, sb, bias, out)
+def _mm_or_fallback(name, allow_refusal, a, b, sa, sb, bias, out, **kw):
+    """ops.scaled_mm on the device: fp8mix's CUDA GEMM, or torch._scaled_mm through the
+    fallback when cuBLASLt refuses the problem, which the rules must allow here (any other
+    error propagates)."""
+    got, refused = selfcheck.scaled_mm_noting_fallback(a, b, sa, sb, bias, out, **kw)
+    assert allow_refusal or not refused, f"scaled_mm {name} must not be refused on this device"
+    return got
 
 
 def _gemm_case(name, got, a, b, sa, sb, kind, bias, want) -> None:
@@ -97,15 +94,15 @@ def _gemm_case(name, got, a, b, sa, sb, kind, bias, want) -> None:
 def test_smoke_cast():
     x = _x((64, 256), torch.bfloat16)
     s = torch.tensor(2.0)
-    c, g = _ops.cast(x, s, E4, 0), _ops.cast(x.to(DEV), s.to(DEV), E4, 0)
+    c, g = ops.cast(x, s, E4), ops.cast(x.to(DEV), s.to(DEV), E4)
     assert torch.equal(_bytes(g[0]), _bytes(c[0])) and torch.equal(_bits(g[2]), _bits(c[2]))
 
 
 def test_smoke_gemm():
     a, b = _fp8((128, 256), E4, 1), _fp8((64, 256), E4, 2).t()
     s = torch.tensor(0.5)
-    c = _ops.scaled_mm(a, b, s, s, None, torch.float32, "fp32", 128)
-    g = _ops.scaled_mm(a.to(DEV), b.to(DEV), s.to(DEV), s.to(DEV), None, torch.float32, "fp32", 128)
+    c = ops.scaled_mm(a, b, s, s, out_dtype=torch.float32)
+    g = _mm_or_fallback("smoke", False, a.to(DEV), b.to(DEV), s.to(DEV), s.to(DEV), None, torch.float32)
     _gemm_case("smoke scaled_mm", g, a, b, s, s, "tensor", None, c)
 
 
@@ -133,10 +130,10 @@ def hw_convert(request):
     if not ON_GPU:
         yield request.param
         return
-    old = torch.ops.fp8mix.cuda_get_hw_convert()
-    torch.ops.fp8mix.cuda_set_hw_convert(request.param)
+    old = ops.cuda_hw_convert()
+    ops.cuda_hw_convert(request.param)
     yield request.param
-    torch.ops.fp8mix.cuda_set_hw_convert(old)
+    ops.cuda_hw_convert(old)
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
@@ -149,9 +146,10 @@ def hw_convert(request):
 def test_cast_bytes_match_cpu(shape, dtype, gran, fmt, saturate, stochastic, transpose, hw_convert):
     x = _x(shape, dtype)
     s = _scales(x, gran)
-    args = (fmt, gran, saturate, stochastic, 12345678901, 4 * 7, True, transpose)
-    q0, qt0, a0 = _ops.cast(x, s, *args)
-    q1, qt1, a1 = _ops.cast(x.to(DEV), s.to(DEV), *args)
+    kw = dict(granularity=gran, saturate=saturate, stochastic=stochastic, seed=12345678901, offset=4 * 7, want_q=True,
+              transpose=transpose)
+    q0, qt0, a0 = ops.cast(x, s, fmt, **kw)
+    q1, qt1, a1 = ops.cast(x.to(DEV), s.to(DEV), fmt, **kw)
     assert torch.equal(_bytes(q1), _bytes(q0))
     if transpose:
         assert torch.equal(_bytes(qt1), _bytes(qt0))
@@ -164,8 +162,8 @@ def test_cast_qt_only_and_strided_input(dtype):
     x = base[:, 16:144]  # row stride 160, inner stride 1: no copy on either device
     s = torch.tensor(0.75)
     for want_q in (True, False):
-        c = _ops.cast(x, s, E4, 0, True, False, 0, 0, want_q, True)
-        g = _ops.cast(x.to(DEV), s.to(DEV), E4, 0, True, False, 0, 0, want_q, True)
+        c = ops.cast(x, s, E4, want_q=want_q, transpose=True)
+        g = ops.cast(x.to(DEV), s.to(DEV), E4, want_q=want_q, transpose=True)
         assert torch.equal(_bytes(g[1]), _bytes(c[1]))
         if want_q:
             assert torch.equal(_bytes(g[0]), _bytes(c[0]))
@@ -175,8 +173,8 @@ def test_stochastic_offset_not_multiple_of_4_and_big_seed():
     x = _x((33, 48), torch.float32)
     for off in (0, 1, 2, 3, 2**40 + 1):
         for seed in (0, 2**63 - 1, -5):
-            c = _ops.cast(x, torch.tensor(3.0), E5, 0, True, True, seed, off)
-            g = _ops.cast(x.to(DEV), torch.tensor(3.0).to(DEV), E5, 0, True, True, seed, off)
+            c = ops.cast(x, torch.tensor(3.0), E5, stochastic=True, seed=seed, offset=off)
+            g = ops.cast(x.to(DEV), torch.tensor(3.0).to(DEV), E5, stochastic=True, seed=seed, offset=off)
             assert torch.equal(_bytes(g[0]), _bytes(c[0])), (off, seed)
 
 
@@ -189,8 +187,8 @@ def test_every_float16_and_bfloat16_pattern():
             for sat in (True, False):
                 for sc in (1.0, 0.0078125, 300.0):
                     s = torch.tensor(sc)
-                    c = _ops.cast(x, s, fmt, 0, sat, False, 0, 0)
-                    g = _ops.cast(x.to(DEV), s.to(DEV), fmt, 0, sat, False, 0, 0)
+                    c = ops.cast(x, s, fmt, saturate=sat)
+                    g = ops.cast(x.to(DEV), s.to(DEV), fmt, saturate=sat)
                     assert torch.equal(_bytes(g[0]), _bytes(c[0])), (dt, fmt, sat, sc)
                     assert torch.equal(_bits(g[2]), _bits(c[2]))
 
@@ -208,8 +206,8 @@ def test_float32_edge_patterns():
     for fmt in (E4, E5):
         for sat in (True, False):
             for sr in (False, True):
-                c = _ops.cast(x, torch.tensor(1.0), fmt, 0, sat, sr, 99, 0)
-                g = _ops.cast(x.to(DEV), torch.tensor(1.0).to(DEV), fmt, 0, sat, sr, 99, 0)
+                c = ops.cast(x, torch.tensor(1.0), fmt, saturate=sat, stochastic=sr, seed=99)
+                g = ops.cast(x.to(DEV), torch.tensor(1.0).to(DEV), fmt, saturate=sat, stochastic=sr, seed=99)
                 assert torch.equal(_bytes(g[0]), _bytes(c[0])), (fmt, sat, sr)
 
 
@@ -241,11 +239,11 @@ def test_empty_tensors_as_on_cpu(shape, transpose):
     x = torch.empty(shape)
     for gran in GRANS:
         s = _scales(x, gran)
-        c = _ops.cast(x, s, E4, gran, True, False, 0, 0, True, transpose)
-        g = _ops.cast(x.to(DEV), s.to(DEV), E4, gran, True, False, 0, 0, True, transpose)
+        c = ops.cast(x, s, E4, granularity=gran, transpose=transpose)
+        g = ops.cast(x.to(DEV), s.to(DEV), E4, granularity=gran, transpose=transpose)
         assert g[0].shape == c[0].shape and g[1].shape == c[1].shape and torch.equal(_bits(g[2]), _bits(c[2]))
-        cq = _ops.quantize_current(x, E5, gran, 0, False, 0.0, True, False, 0, 0, True, transpose)
-        gq = _ops.quantize_current(x.to(DEV), E5, gran, 0, False, 0.0, True, False, 0, 0, True, transpose)
+        cq = ops.quantize_current(x, E5, granularity=gran, transpose=transpose)
+        gq = ops.quantize_current(x.to(DEV), E5, granularity=gran, transpose=transpose)
         assert [t.shape for t in gq] == [t.shape for t in cq]
         assert torch.equal(_bits(gq[2]), _bits(cq[2])) and torch.equal(_bits(gq[3]), _bits(cq[3]))  # 1 and 0
 
@@ -257,13 +255,13 @@ def test_quant_stats_on_cuda_matches_cpu(gran, fmt, saturate):
     """The CUDA quant_stats kernel: counts exact, float64 energies to rounding."""
     for dtype, shape in ((torch.bfloat16, (257, 129)), (torch.float32, (64, 4096)), (torch.float16, (3, 17))):
         x = _x(shape, dtype, seed=gran)
-        q, _, sinv, _ = _ops.quantize_current(x, fmt, gran, 0, False, 0.0, saturate, False, 0, 0, True, False)
-        c = torch.ops.fp8mix.quant_stats(x, q, sinv, gran)
-        g = torch.ops.fp8mix.quant_stats(x.to(DEV), q.to(DEV), sinv.to(DEV), gran)
+        q, _, sinv, _ = ops.quantize_current(x, fmt, granularity=gran, saturate=saturate)
+        c = ops.quant_stats(x, q, sinv, granularity=gran)
+        g = ops.quant_stats(x.to(DEV), q.to(DEV), sinv.to(DEV), granularity=gran)
         assert g.device.type == torch.device(DEV).type and g.dtype == torch.float64
         verify([Case(f"quant_stats {dtype} {shape}", g.cpu(), c, "stats")])
-    empty = torch.ops.fp8mix.quant_stats(torch.empty(0, 8, device=DEV), torch.empty(0, 8, device=DEV).to(E4),
-                                         torch.ones((), device=DEV), 0).cpu()
+    empty = ops.quant_stats(torch.empty(0, 8, device=DEV), torch.empty(0, 8, device=DEV).to(E4),
+                            torch.ones((), device=DEV), granularity=0).cpu()
     assert empty[:9].eq(0).all() and math.isinf(float(empty[9]))
 
 
@@ -272,8 +270,8 @@ def test_quant_stats_on_cuda_matches_cpu(gran, fmt, saturate):
 @pytest.mark.parametrize("gran", GRANS)
 def test_amax_matches_cpu(shape, dtype, gran):
     x = _x(shape, dtype, seed=3)
-    a0 = _ops.amax(x, gran)
-    a1 = _ops.amax(x.to(DEV), gran)
+    a0 = ops.amax(x, granularity=gran)
+    a1 = ops.amax(x.to(DEV), granularity=gran)
     assert a1.shape == a0.shape
     assert torch.equal(_bits(a1), _bits(a0))
 
@@ -283,9 +281,9 @@ def test_amax_nan_rules():
     x[7, 3] = float("nan")
     x[200, 250] = -float("inf")
     for g in GRANS:
-        assert torch.equal(_bits(_ops.amax(x.to(DEV), g)), _bits(_ops.amax(x, g)))
+        assert torch.equal(_bits(ops.amax(x.to(DEV), granularity=g)), _bits(ops.amax(x, granularity=g)))
     y = -torch.tensor([float("nan")] * 16).view(1, 16)  # negative NaN -> canonical 0x7FC00000
-    assert _ops.amax(y.to(DEV), 0).view(torch.int32).item() == 0x7FC00000
+    assert ops.amax(y.to(DEV)).view(torch.int32).item() == 0x7FC00000
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
@@ -298,9 +296,10 @@ def test_quantize_current_matches_cpu(shape, dtype, gran, fmt, transpose, mode, 
     x = _x(shape, dtype, seed=5)
     margin, pow2, eps = (2, True, 1e-3) if mode == "pow2_margin_eps" else (0, False, 0.0)
     sr = mode == "sr"
-    args = (fmt, gran, margin, pow2, eps, True, sr, 777, 8, True, transpose)
-    c = _ops.quantize_current(x, *args)
-    g = _ops.quantize_current(x.to(DEV), *args)
+    kw = dict(granularity=gran, margin=margin, power_2_scale=pow2, amax_epsilon=eps, saturate=True, stochastic=sr,
+              seed=777, offset=8, want_q=True, transpose=transpose)
+    c = ops.quantize_current(x, fmt, **kw)
+    g = ops.quantize_current(x.to(DEV), fmt, **kw)
     assert torch.equal(_bytes(g[0]), _bytes(c[0]))
     if transpose:
         assert torch.equal(_bytes(g[1]), _bytes(c[1]))
@@ -316,8 +315,8 @@ def test_compute_scale_matches_cpu(fmt, margin, pow2):
     a = torch.tensor([0.0, -0.0, 1e-45, 1e-38, 1e-30, 0.5, 1.0, 448.0, 3e38, float("inf"), float("nan"),
                       1.17549435e-38, 7.0, 1e-3] * 2)
     for eps in (0.0, 1e-4):
-        c = _ops.compute_scale(a, fmt, margin, pow2, eps)
-        g = _ops.compute_scale(a.to(DEV), fmt, margin, pow2, eps)
+        c = ops.compute_scale(a, fmt, margin=margin, power_2_scale=pow2, amax_epsilon=eps)
+        g = ops.compute_scale(a.to(DEV), fmt, margin=margin, power_2_scale=pow2, amax_epsilon=eps)
         assert torch.equal(_bits(g[0]), _bits(c[0])) and torch.equal(_bits(g[1]), _bits(c[1]))
 
 
@@ -330,28 +329,28 @@ def test_dequantize_matches_cpu(shape, out, gran, fmt):
     q = torch.randint(0, 256, shape, generator=g8, dtype=torch.uint8).view(fmt)
     x = _x(shape, torch.float32)
     s = _scales(x, gran, seed=4)
-    c = _ops.dequantize(q, s, gran, out)
-    g = _ops.dequantize(q.to(DEV), s.to(DEV), gran, out)
+    c = ops.dequantize(q, s, granularity=gran, out_dtype=out)
+    g = ops.dequantize(q.to(DEV), s.to(DEV), granularity=gran, out_dtype=out)
     assert torch.equal(_bits(g), _bits(c))
 
 
 @gpu_only
 def test_invalid_scale_flag():
-    old = torch.ops.fp8mix.cuda_get_check_scales()
-    torch.ops.fp8mix.cuda_set_check_scales(True)  # FP8MIX_CUDA_CHECK_SCALES=1 is read once, at first use
+    old = ops.cuda_check_scales()
+    ops.cuda_check_scales(True)  # FP8MIX_CUDA_CHECK_SCALES=1 is read once, at first use
     try:
         x = torch.randn(32, 32, device=DEV)
         with pytest.raises(ValueError, match="finite and > 0"):
-            _ops.cast(x, torch.tensor(float("nan"), device=DEV), E4, 0)
+            ops.cast(x, torch.tensor(float("nan"), device=DEV), E4)
         with pytest.raises(ValueError, match="finite and > 0"):
-            _ops.dequantize(torch.zeros(4, 16, dtype=torch.uint8, device=DEV).view(E4),
-                           torch.tensor(-1.0, device=DEV), 0, torch.float32)
-        q, _, si, _ = _ops.quantize_current(x, E4, 0, 0, False, 0.0, True, False, 0, 0, True, False)
+            ops.dequantize(torch.zeros(4, 16, dtype=torch.uint8, device=DEV).view(E4),
+                           torch.tensor(-1.0, device=DEV), out_dtype=torch.float32)
+        q, _, si, _ = ops.quantize_current(x, E4)
         with pytest.raises(ValueError, match="finite and > 0"):
-            torch.ops.fp8mix.quant_stats(x, q, torch.tensor(0.0, device=DEV), 0)
-        _ops.cast(x, torch.tensor(2.0, device=DEV), E4, 0)  # valid: no error
+            ops.quant_stats(x, q, torch.tensor(0.0, device=DEV), granularity=0)
+        ops.cast(x, torch.tensor(2.0, device=DEV), E4)  # valid: no error
     finally:
-        torch.ops.fp8mix.cuda_set_check_scales(old)
+        ops.cuda_check_scales(old)
 
 
 # ---- delayed scaling ----------------------------------------------------------------
@@ -363,7 +362,7 @@ def _rederive(h, am, scale, steps, fmax, margin, pow2, algo, interval):
     steps = steps + 1
     a = h.amax() if algo == "max" else h[0]
     fmt = E4 if fmax == 448.0 else E5
-    s, _ = _ops.compute_scale(a.reshape(1).cpu(), fmt, margin, pow2, 0.0)
+    s, _ = ops.compute_scale(a.reshape(1).cpu(), fmt, margin=margin, power_2_scale=pow2)
     ok = bool(torch.isfinite(a) and a > 0) and (steps % interval == 0)
     return h, (s[0] if ok else scale), steps
 
@@ -388,9 +387,10 @@ def test_delayed_update_kernel_matches_rederivation(algo, interval, pow2):
     ref = [(hist[:L, i].clone().cpu(), amax[i].cpu(), scale[i].cpu(), int(steps[i])) for i, L in enumerate(lens)]
     hs = [hist[:L, i] for i, L in enumerate(lens)]
     for step in range(3):
-        torch.ops.fp8mix.delayed_scale_update(hs, list(amax.split(1)), [scale[i] for i in range(len(lens))],
-                                              [sinv[i] for i in range(len(lens))], [steps[i] for i in range(len(lens))],
-                                              fmax, 1, pow2, algo, interval)
+        ops.delayed_scale_update(hs, list(amax.split(1)), [scale[i] for i in range(len(lens))], fp8_max=fmax,
+                                 scale_inv=[sinv[i] for i in range(len(lens))],
+                                 steps=[steps[i] for i in range(len(lens))], margin=1, power_2_scale=pow2, algo=algo,
+                                 interval=interval)
         new = []
         for i, (h, am, sc, st) in enumerate(ref):
             h, sc, st = _rederive(h, am, sc, st, fmax[i], 1, pow2, algo, interval)
@@ -506,7 +506,7 @@ def test_rng_tensor_stream_is_not_the_seed_arguments():
 
     def q(key, off, seed):
         rng = torch.tensor([key, off], dtype=torch.int64, device=DEV)
-        return _bytes(_ops.cast(x, s, E4, 0, True, False, seed, 0, True, False, True, rng, 0)[0])
+        return _bytes(ops.cast(x, s, E4, seed=seed, inf_to_nan=True, rng=rng)[0])
 
     base = q(5, 8, 1)
     assert torch.equal(q(5, 8, 2), base)
@@ -516,18 +516,18 @@ def test_rng_tensor_stream_is_not_the_seed_arguments():
 def test_recipe_ops_reject_bad_state():
     x = torch.randn(16, 32, device=DEV)
     st = {k: v.to(DEV) for k, v in rc.make_state(0).items()}
-    args = (4, E4, 0, False, "max", 1, True, False, False)
+    kw = dict(fp8_dtype=E4, record=True)
     with pytest.raises(ValueError, match="history_len"):
-        _ops.delayed_cast(x, st["history"], st["scale"], st["steps"], 0, 99, *args[1:])
+        ops.delayed_cast(x, st["history"], st["scale"], st["steps"], role=0, spec=ops.DelayedSpec(99), **kw)
     with pytest.raises((ValueError, IndexError), match="role"):
-        _ops.delayed_cast(x, st["history"], st["scale"], st["steps"], 7, *args)
+        ops.delayed_cast(x, st["history"], st["scale"], st["steps"], role=7, spec=SPEC4, **kw)
     with pytest.raises(TypeError, match="steps"):
-        _ops.delayed_cast(x, st["history"], st["scale"], st["steps"].int(), 0, *args)
+        ops.delayed_cast(x, st["history"], st["scale"], st["steps"].int(), role=0, spec=SPEC4, **kw)
     with pytest.raises(ValueError, match="pending and slot"):
-        _ops.grad_cast(x, E5, None, st["pending"], None, 0, False, 0.0, False, False, False)
+        ops.grad_cast(x, E5, pending=st["pending"], inf_to_nan=False)
     with pytest.raises(ValueError, match="reserve"):
-        _ops.delayed_flush(st["history"], st["scale"], st["steps"], st["pending"], st["next_slot"], 2, 4, E5, 0,
-                           False, "max", 1, False, True)
+        ops.delayed_flush(st["history"], st["scale"], st["steps"], st["pending"], st["next_slot"], role=2, fp8_dtype=E5,
+                          spec=SPEC4, record=False, reserve=True)
 
 
 @gpu_only
@@ -541,13 +541,15 @@ def test_recipe_ops_do_not_sync_and_launch_as_documented():
     h, s, n = st["history"], st["scale"], st["steps"]
     plan = torch.tensor([0.5, 0.0], device=DEV)
     calls = {
-        "delayed_cast first use": (2, lambda: _ops.delayed_cast(x, h, s, n, 0, 4, E4, 0, False, "max", 1, True, True)),
-        "delayed_cast": (2, lambda: _ops.delayed_cast(x, h, s, n, 1, 4, E4, 0, False, "max", 1, True, True)),
-        "delayed_flush": (1, lambda: _ops.delayed_flush(h, s, n, st["pending"], st["next_slot"], 2, 4, E5, 0, False,
-                                                        "max", 1, True, True)),
-        "grad_cast": (2, lambda: _ops.grad_cast(dy, E5, plan, st["pending"], st["next_slot"], 0, False, 0.0,
-                                                True, True)),
-        "delayed_record": (1, lambda: _ops.delayed_record(h, s, n, 2, 4, s[0], E5, 0, False, "max", 1, False)),
+        "delayed_cast first use": (2, lambda: ops.delayed_cast(x, h, s, n, role=0, fp8_dtype=E4, spec=SPEC4,
+                                                               record=True, transpose=True)),
+        "delayed_cast": (2, lambda: ops.delayed_cast(x, h, s, n, role=1, fp8_dtype=E4, spec=SPEC4, record=True,
+                                                     transpose=True)),
+        "delayed_flush": (1, lambda: ops.delayed_flush(h, s, n, st["pending"], st["next_slot"], role=2, fp8_dtype=E5,
+                                                       spec=SPEC4, record=True, reserve=True)),
+        "grad_cast": (2, lambda: ops.grad_cast(dy, E5, plan=plan, pending=st["pending"], slot=st["next_slot"],
+                                               transpose=True, colsum=True)),
+        "delayed_record": (1, lambda: ops.delayed_record(h, s, n, s[0], role=2, fp8_dtype=E5, spec=SPEC4)),
     }
     with profile(activities=[ProfilerActivity.CUDA]):  # CUPTI's start-up, outside the counted runs
         torch.ones(1, device=DEV).add_(1)
@@ -596,7 +598,7 @@ def test_scaled_mm_matches_cpu(mnk, fmts, out, scales, bias):
         sa, sb = torch.rand(M, kb) + 0.5, torch.rand(kb, (N + 127) // 128) + 0.5
     bt = {None: None, "out": out, "f32": torch.float32, "bf16": torch.bfloat16}[bias]
     bv = (torch.randn(N) * 10).to(bt) if bt is not None else None
-    c = _ops.scaled_mm(a, b, sa, sb, bv, out, "fp32", 128)
+    c = ops.scaled_mm(a, b, sa, sb, bias=bv, out_dtype=out)
     # Refusals are allowed only where the layout rules expect them (row-wise / block scales
     # off sm_90, or a format pair cuBLASLt may lack); then the fallback must be right.
     sm90 = not ON_GPU or torch.cuda.get_device_capability()[0] == 9
@@ -617,7 +619,7 @@ def test_scaled_mm_vs_torch_scaled_mm():
     sa, sb = torch.tensor(0.5, device=DEV), torch.tensor(0.25, device=DEV)
     for out in (torch.bfloat16, torch.float32):
         ref = torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=out)
-        got = _ops.scaled_mm(a, b, sa, sb, None, out, "fp32", 128)
+        got = _mm_or_fallback(f"vs torch._scaled_mm {out}", False, a, b, sa, sb, None, out)
         # both are cuBLASLt FP8 GEMMs, but with different heuristic inputs (alignment
         # preferences, workspace): maybe different algorithms, so summation order differs
         _gemm_case(f"scaled_mm vs torch._scaled_mm {out}", got, a, b, sa, sb, "tensor", None, ref)
@@ -626,7 +628,7 @@ def test_scaled_mm_vs_torch_scaled_mm():
         ref = torch._scaled_mm(a, b, scale_a=sa_r, scale_b=sb_r, out_dtype=torch.bfloat16)
     except RuntimeError as e:  # older torch / cuBLAS without row-wise scaling
         pytest.skip(f"torch._scaled_mm row-wise unavailable: {e}")
-    got = _ops.scaled_mm(a, b, sa_r, sb_r, None, torch.bfloat16, "fp32", 128)
+    got = _mm_or_fallback("vs torch._scaled_mm row-wise", False, a, b, sa_r, sb_r, None, torch.bfloat16)
     _gemm_case("scaled_mm vs torch._scaled_mm row-wise", got, a, b, sa_r, sb_r, "row", None, ref)
 
 
@@ -635,12 +637,12 @@ def test_scaled_mm_row_major_b_and_errors():
     a = _fp8((64, 64), E4, 5)
     b = _fp8((64, 32), E4, 6)  # row-major (K, N): transposed by a copy on CUDA
     s = torch.tensor(1.0)
-    c = _ops.scaled_mm(a, b, s, s, None, torch.float32, "fp32", 128)
-    g = _ops.scaled_mm(a.to(DEV), b.to(DEV), s.to(DEV), s.to(DEV), None, torch.float32, "fp32", 128)
+    c = ops.scaled_mm(a, b, s, s, out_dtype=torch.float32)
+    g = _mm_or_fallback("row-major b", False, a.to(DEV), b.to(DEV), s.to(DEV), s.to(DEV), None, torch.float32)
     _gemm_case("scaled_mm row-major b", g, a, b, s, s, "tensor", None, c)
     with pytest.raises(ValueError, match="E5M2 x E5M2"):
-        _ops.scaled_mm(_fp8((64, 64), E5, 1).to(DEV), _fp8((32, 64), E5, 2).to(DEV).t(), s.to(DEV), s.to(DEV), None,
-                      torch.float32, "fp32", 128)
+        ops.scaled_mm(_fp8((64, 64), E5, 1).to(DEV), _fp8((32, 64), E5, 2).to(DEV).t(), s.to(DEV), s.to(DEV),
+                      out_dtype=torch.float32)
 
 
 @pytest.mark.parametrize("offset", [1, 3, 8])
@@ -654,9 +656,9 @@ def test_scaled_mm_misaligned_bias_and_operand_views(offset):
     big_bias = torch.randn(N + 16).to(torch.bfloat16)
     bias = big_bias[offset:offset + N]
     s = torch.tensor(0.75)
-    c = _ops.scaled_mm(a, b, s, s, bias, torch.bfloat16, "fp32", 128)
-    g = _ops.scaled_mm(big_a.to(DEV)[:, offset:offset + K], b.to(DEV), s.to(DEV), s.to(DEV),
-                      big_bias.to(DEV)[offset:offset + N], torch.bfloat16, "fp32", 128)
+    c = ops.scaled_mm(a, b, s, s, bias=bias, out_dtype=torch.bfloat16)
+    g = _mm_or_fallback(f"misaligned views +{offset}", False, big_a.to(DEV)[:, offset:offset + K], b.to(DEV),
+                        s.to(DEV), s.to(DEV), big_bias.to(DEV)[offset:offset + N], torch.bfloat16)
     _gemm_case(f"scaled_mm misaligned views +{offset}", g, a, b, s, s, "tensor", bias, c)
 
 
@@ -675,14 +677,12 @@ def test_fallback_on_cuda_matches_cpu(kind):
     else:
         sa, sb = torch.rand(M, 3) + 0.5, torch.rand(3, 1) + 0.5
     bias = torch.randn(N).to(torch.bfloat16)
-    c = _ops.scaled_mm(a, b, sa, sb, bias, torch.bfloat16, "fp32", 128)
+    c = ops.scaled_mm(a, b, sa, sb, bias=bias, out_dtype=torch.bfloat16)
     g = fallback.scaled_mm_fallback(a.to(DEV), b.to(DEV), sa.to(DEV), sb.to(DEV), bias.to(DEV), torch.bfloat16)
     _gemm_case(f"scaled_mm_fallback {kind}", g, a, b, sa, sb, kind, bias, c)
-    try:
-        _ops.scaled_mm(a.to(DEV), b.to(DEV), sa.to(DEV), sb.to(DEV), bias.to(DEV), torch.bfloat16, "fp32", 128)
-    except NotImplementedError as e:
-        assert fallback.is_refusal(e), str(e)
-        assert kind != "tensor", "per-tensor scales must never be refused on an FP8 device"
+    # (a NotImplementedError other than the refusal propagates from ops.scaled_mm)
+    _mm_or_fallback(f"{kind} scales", kind != "tensor", a.to(DEV), b.to(DEV), sa.to(DEV), sb.to(DEV), bias.to(DEV),
+                    torch.bfloat16)  # per-tensor scales must never be refused on an FP8 device
 
 
 @gpu_only
@@ -690,8 +690,8 @@ def test_scaled_mm_fast_accum_runs():
     a = _fp8((256, 512), E4, 7).to(DEV)
     b = _fp8((256, 512), E4, 8).to(DEV).t()
     s = torch.tensor(1.0, device=DEV)
-    exact = _ops.scaled_mm(a, b, s, s, None, torch.float32, "fp32", 128)
-    fast = _ops.scaled_mm(a, b, s, s, None, torch.float32, "fp22", 128)
+    exact = _mm_or_fallback("fp32 accumulation", False, a, b, s, s, None, torch.float32)
+    fast = _mm_or_fallback("fp22 accumulation", False, a, b, s, s, None, torch.float32, accumulate="fp22")
     assert _rel_fro(fast, exact) < 1e-2
 
 

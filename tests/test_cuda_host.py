@@ -11,17 +11,17 @@ import os
 import re
 import shutil
 import subprocess
+import threading
 import warnings
 
 import pytest
 import torch
 
-from fp8mix import ops  # noqa: F401  (loads the native library)
+from fp8mix import ops
 from fp8mix.cuda import compare, fallback, selfcheck
 from fp8mix.cuda.compare import Case, SelfCheckError, verify
 
 E4, E5 = torch.float8_e4m3fn, torch.float8_e5m2
-_ops = torch.ops.fp8mix
 
 
 # ---- comparisons ----------------------------------------------------------------------
@@ -64,7 +64,7 @@ def _gemm(m, n, k, seed, accumulate="fp32", scale_b=1.9):
     a = (torch.randn(m, k, generator=g) * 8).to(E4)
     b = (torch.randn(n, k, generator=g) * 8).to(E4).t()
     sa, sb = torch.tensor(0.37), torch.tensor(scale_b)
-    out = _ops.scaled_mm(a, b, sa, sb, None, torch.float32, accumulate, 128)
+    out = ops.scaled_mm(a, b, sa, sb, out_dtype=torch.float32, accumulate=accumulate)
     bound = (a.double().abs() * 0.37) @ (b.double().abs() * 1.9)
     return out, bound
 
@@ -97,8 +97,8 @@ def test_gemm_tolerance_flags_one_bad_element_and_nan():
 def test_stats_comparison_is_bitwise_and_names_the_entry():
     """quant_stats on CUDA follows the CPU's summation order: one ulp anywhere is a failure."""
     x = torch.randn(37, 203)
-    q, _, sinv, _ = _ops.quantize_current(x, E4, 2, 0, False, 0.0, True, False, 0, 0, True, False)
-    want = _ops.quant_stats(x, q, sinv, 2)
+    q, _, sinv, _ = ops.quantize_current(x, E4, granularity=2)
+    want = ops.quant_stats(x, q, sinv, granularity=2)
     assert verify([Case("quant_stats", want.clone(), want, "stats")]) == 84
     for i, name in ((7, "signal"), (14, "sum2"), (2, "underflow"), (20 + 40, "hist[40]")):
         bad = want.clone()
@@ -172,27 +172,115 @@ def test_run_selfcheck_once_per_device_and_env_switch(monkeypatch):
 
 
 class _WrongAmaxOps:
-    """torch.ops.fp8mix with an amax whose first call (the "device" half of the first pair)
-    is one ulp off."""
+    """fp8mix.ops with an amax whose first call (the "device" half of the first pair) is
+    one ulp off."""
 
     def __init__(self):
         self.calls = 0
 
     def __getattr__(self, name):
-        return getattr(torch.ops.fp8mix, name)
+        return getattr(ops, name)
 
-    def amax(self, x, g):
-        out = torch.ops.fp8mix.amax(x, g)
+    def amax(self, x, **kw):
+        out = ops.amax(x, **kw)
         self.calls += 1
         return (out.view(torch.int32) + 1).view(torch.float32) if self.calls == 1 else out
 
 
 def test_run_selfcheck_raises_on_a_wrong_kernel(monkeypatch):
     monkeypatch.setattr(selfcheck, "_done", {})
-    monkeypatch.setattr(selfcheck, "_OPS", _WrongAmaxOps())
-    with pytest.raises(SelfCheckError, match=r"amax\[gran="):
+    wrong = _WrongAmaxOps()
+    monkeypatch.setattr(selfcheck, "ops", wrong)
+    with pytest.raises(SelfCheckError, match=r"amax\[gran=0 .*index"):
         selfcheck.run_selfcheck("cpu")
+    assert wrong.calls == 8  # every amax of the self-check came from its op layer (4 pairs)
     assert "cpu" not in selfcheck._done
+
+
+class _RefusingOps:
+    """fp8mix.ops whose "device" GEMMs (each pair's second call) with row or block scales
+    are refused by cuBLASLt: with the CUDA hooks installed, ops.scaled_mm hands them to
+    the torch._scaled_mm fallback; without (ops.set_cuda_hooks(None)) it re-raises."""
+
+    def __init__(self, hooked: bool):
+        self.hooked, self.calls = hooked, 0
+
+    def __getattr__(self, name):
+        return getattr(ops, name)
+
+    def scaled_mm(self, a, b, scale_a, scale_b, *, bias=None, out_dtype=torch.float32, **kw):
+        self.calls += 1
+        if self.calls % 2 == 1 or scale_a.numel() == 1:
+            return ops.scaled_mm(a, b, scale_a, scale_b, bias=bias, out_dtype=out_dtype, **kw)
+        if not self.hooked:
+            raise NotImplementedError(fallback.REFUSED_PREFIX + "scale_arch (device sm_89, cuBLASLt 120000)")
+        return fallback.scaled_mm_fallback(a, b, scale_a, scale_b, bias, out_dtype)
+
+
+@pytest.mark.parametrize("hooked", [True, False], ids=["cuda_hooks", "no_hooks"])
+def test_selfcheck_gemm_refused_goes_through_the_fallback_and_says_so(monkeypatch, hooked):
+    monkeypatch.setattr(selfcheck, "ops", _RefusingOps(hooked))
+    monkeypatch.setattr(selfcheck, "_BUILDERS", (selfcheck._gemm_cases,))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the fallback's once-per-kind notice
+        cases = selfcheck.collect_cases("cpu")
+    assert len(cases) == 5
+    for c in cases:
+        refused = not c.kernel.startswith("scaled_mm[tensor")
+        assert c.kernel.endswith(" via the torch._scaled_mm fallback]") == refused, c.kernel
+    assert verify(cases) > 0  # the fallback's products pass the GEMM tolerance
+    monkeypatch.setattr(selfcheck, "ops", ops)
+    assert not any("fallback" in c.kernel for c in selfcheck.collect_cases("cpu"))
+
+
+def test_scaled_mm_noting_fallback_passes_other_errors_on(monkeypatch):
+    a, b, sa, sb = _operands(8, 16, 32, "tensor", 0)
+    assert not selfcheck.scaled_mm_noting_fallback(a, b, sa, sb)[1]
+
+    class Failing(_RefusingOps):
+        def scaled_mm(self, *args, **kw):
+            raise NotImplementedError("fp8mix.scaled_mm: something else")
+
+    monkeypatch.setattr(selfcheck, "ops", Failing(False))
+    with pytest.raises(NotImplementedError, match="something else"):
+        selfcheck.scaled_mm_noting_fallback(a, b, sa, sb)
+
+
+class _FirstUseOps:
+    """fp8mix.ops whose first cast starts the self-check, as ops' first-use hook does on a
+    device not yet checked (a direct run_selfcheck / collect_cases call on a fresh device)."""
+
+    def __init__(self):
+        self.nested: list = []
+
+    def __getattr__(self, name):
+        return getattr(ops, name)
+
+    def cast(self, x, *args, **kw):
+        if not self.nested:
+            self.nested.append(selfcheck.run_selfcheck(x.device))
+        return ops.cast(x, *args, **kw)
+
+
+@pytest.mark.parametrize("entry", ["run_selfcheck", "collect_cases"])
+def test_first_use_hook_inside_a_direct_selfcheck_returns_at_once(monkeypatch, entry):
+    """run_selfcheck holds a lock while it collects: the hook's nested call must return
+    (None) instead of waiting for it, or running a second self-check inside the first."""
+    fake = _FirstUseOps()
+    monkeypatch.setattr(selfcheck, "ops", fake)
+    monkeypatch.setattr(selfcheck, "_BUILDERS", (selfcheck._cast_cases,))
+    monkeypatch.setattr(selfcheck, "_done", {})
+    monkeypatch.setattr(selfcheck, "_lock", threading.Lock())  # a deadlock here leaves the real lock free
+    result: list = []
+    worker = threading.Thread(target=lambda: result.append(getattr(selfcheck, entry)("cpu")), daemon=True)
+    worker.start()
+    worker.join(60)
+    assert not worker.is_alive(), "the nested run_selfcheck waited for the lock its own caller holds"
+    assert fake.nested == [None] and len(result) == 1
+    if entry == "run_selfcheck":
+        assert result[0]["cases"] > 50 and selfcheck._done == {"cpu": result[0]}
+    else:
+        assert len(result[0]) > 50 and selfcheck._done == {}
 
 
 # ---- the torch._scaled_mm fallback --------------------------------------------------------
@@ -226,7 +314,7 @@ def test_fallback_matches_fp8mix_and_float64(kind, out, bias):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             got = fallback.scaled_mm_fallback(a, b, sa, sb, bv, out)
-        mine = _ops.scaled_mm(a, b, sa, sb, bv, out, "fp32", 128)
+        mine = ops.scaled_mm(a, b, sa, sb, bias=bv, out_dtype=out)
         assert got.dtype == out and got.shape == (m, n) and got.is_contiguous()
         ref = _f64(a, b, sa, sb, kind, bv)
         tol = 1e-5 if out == torch.float32 else 8e-3

@@ -13,41 +13,36 @@ no plan; the pending max with an empty, smaller or larger slot; column sums; tra
 margin / epsilon), and the tensor-held stochastic-rounding streams (``rng`` [key,
 offset] + ``rng_skip``) of cast, quantize_current, delayed_cast and grad_cast.
 With the CPU as `dev` the two halves run on the CPU (how CPU tests dry-run the cases).
+The ops are fp8mix.ops' typed wrappers, looked up in this module's ``ops`` attribute.
 """
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
+
+from .. import ops
 
 __all__ = ["Spec", "SPECS", "Twin", "make_state", "values", "delayed_cast_case", "record_case", "flush_case",
            "grad_cast_case", "chain_case", "rng_cast_case", "ROLES", "SLOTS"]
 
 E4, E5 = torch.float8_e4m3fn, torch.float8_e5m2
 ROLES, SLOTS, CAPACITY = 3, 4, 16
-_STATE = ("history", "scale", "steps")
-# Raw ops, positional: their schemas only gain trailing defaulted arguments (tests may swap it).
-OPS = torch.ops.fp8mix
 
 
 @dataclasses.dataclass(frozen=True)
-class Spec:
-    """What the delayed-scaling ops take of a recipe."""
+class Spec(ops.DelayedSpec):
+    """ops.DelayedSpec with a default history length, named as the cases name it."""
 
     history_len: int = 4
-    margin: int = 0
-    pow2: bool = False
-    algo: str = "max"
-    interval: int = 1
-
-    def args(self) -> tuple:
-        return (self.margin, self.pow2, self.algo, self.interval)
 
     def __str__(self) -> str:
-        return f"L={self.history_len} margin={self.margin} pow2={self.pow2} {self.algo} interval={self.interval}"
+        return (f"L={self.history_len} margin={self.margin} pow2={self.power_2_scale} {self.algo} "
+                f"interval={self.interval}")
 
 
-SPECS = (Spec(), Spec(history_len=16, margin=2, pow2=True, algo="most_recent", interval=3),
+SPECS = (Spec(), Spec(history_len=16, margin=2, power_2_scale=True, algo="most_recent", interval=3),
          Spec(history_len=1, margin=1, interval=2))
 
 
@@ -86,9 +81,9 @@ class Twin:
         self.cpu = {k: v.clone() for k, v in state.items()}
         self.dev = {k: v.to(dev) for k, v in state.items()}
 
-    def state3(self, side: str) -> tuple:
+    def state3(self, side: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         d = self.cpu if side == "cpu" else self.dev
-        return tuple(d[k] for k in _STATE)
+        return d["history"], d["scale"], d["steps"]
 
     def check(self, out: list, name: str) -> None:
         for k in self.cpu:
@@ -112,9 +107,10 @@ def delayed_cast_case(dev, out: list, *, shape=(64, 256), dtype=torch.bfloat16, 
     x = values(shape, dtype, seed)
     fa = torch.tensor(3.5) if fresh else None
     rng, skip = (_rng(seed, 4 * seed + 1), 8) if sr else (None, 0)
-    args = (role, spec.history_len, fmt) + spec.args() + (record, transpose, True)
-    want = OPS.delayed_cast(x, *tw.state3("cpu"), *args, fa, rng, skip)
-    got = OPS.delayed_cast(x.to(dev), *tw.state3("dev"), *args, _to(fa, dev), _to(rng, dev), skip)
+    kw: dict[str, Any] = dict(role=role, fp8_dtype=fmt, spec=spec, record=record, transpose=transpose,
+                              inf_to_nan=True, rng_skip=skip)
+    want = ops.delayed_cast(x, *tw.state3("cpu"), fresh_amax=fa, rng=rng, **kw)
+    got = ops.delayed_cast(x.to(dev), *tw.state3("dev"), fresh_amax=_to(fa, dev), rng=_to(rng, dev), **kw)
     name = (f"delayed_cast[{fmt} {dtype} {tuple(shape)} {spec} record={record} transpose={transpose} "
             f"first_use={first_use} fresh={fresh} sr={sr}]")
     out += [(name + " q", got[0], want[0]), (name + " scales", got[2], want[2]), (name + " amax", got[3], want[3])]
@@ -130,11 +126,10 @@ def record_case(dev, out: list, *, spec=Spec(), fmt=E5, first_use: bool = False,
     for i, a in enumerate((3.0, 0.0, float("nan"), float("inf"), 1e-40, 250.0)):
         am = torch.tensor(a)
         for side, d in (("cpu", "cpu"), ("dev", dev)):
-            OPS.delayed_record(*tw.state3(side), 1, spec.history_len, am.to(d), fmt, *spec.args(), False)
+            ops.delayed_record(*tw.state3(side), am.to(d), role=1, fp8_dtype=fmt, spec=spec)
         tw.check(out, f"{name} #{i} amax={a}")
     for side in ("cpu", "dev"):
-        h, s, st = tw.state3(side)
-        OPS.delayed_record(h, s, st, 1, spec.history_len, s[1], E4, *spec.args(), True)
+        ops.delayed_rescale(*tw.state3(side), role=1, fp8_dtype=E4, spec=spec)
     tw.check(out, f"{name} rescale_only")
 
 
@@ -143,9 +138,9 @@ def flush_case(dev, out: list, *, spec=Spec(), filled=(1, 2), head: int = 1, rec
     """delayed_flush of the grad_output role (2): ring order from `head` (wrapping; a head
     outside the ring restarts at 0), the plan and the reserved slot."""
     tw = Twin(dev, make_state(seed, fresh_roles=(2,) if first_use else (), filled=filled, head=head))
-    args = (2, spec.history_len, E5) + spec.args() + (record, reserve)
-    want = OPS.delayed_flush(*tw.state3("cpu"), tw.cpu["pending"], tw.cpu["next_slot"], *args)
-    got = OPS.delayed_flush(*tw.state3("dev"), tw.dev["pending"], tw.dev["next_slot"], *args)
+    kw: dict[str, Any] = dict(role=2, fp8_dtype=E5, spec=spec, record=record, reserve=reserve)
+    want = ops.delayed_flush(*tw.state3("cpu"), tw.cpu["pending"], tw.cpu["next_slot"], **kw)
+    got = ops.delayed_flush(*tw.state3("dev"), tw.dev["pending"], tw.dev["next_slot"], **kw)
     name = f"delayed_flush[{spec} filled={tuple(filled)} head={head} record={record} reserve={reserve}]"
     out += [(name + " plan", got[0], want[0]), (name + " slot", got[1], want[1])]
     tw.check(out, name)
@@ -164,10 +159,12 @@ def grad_cast_case(dev, out: list, *, shape=(64, 256), dtype=torch.bfloat16, fmt
     pl = {"delayed": torch.tensor([0.75, 0.0]), "fresh": torch.tensor([0.75, 1.0]), "none": None}[plan]
     sl = None if slot is None else torch.tensor(slot, dtype=torch.int64)
     rng, skip = (_rng(seed, 3), 5) if sr else (None, 0)
-    args = (margin, pow2, eps, transpose, colsum, True)
-    want = OPS.grad_cast(dy, fmt, pl, tw.cpu["pending"] if slot is not None else None, sl, *args, rng, skip)
-    got = OPS.grad_cast(dy.to(dev), fmt, _to(pl, dev), tw.dev["pending"] if slot is not None else None, _to(sl, dev),
-                        *args, _to(rng, dev), skip)
+    kw: dict[str, Any] = dict(margin=margin, power_2_scale=pow2, amax_epsilon=eps, transpose=transpose,
+                              colsum=colsum, inf_to_nan=True, rng_skip=skip)
+    want = ops.grad_cast(dy, fmt, plan=pl, pending=tw.cpu["pending"] if slot is not None else None, slot=sl, rng=rng,
+                         **kw)
+    got = ops.grad_cast(dy.to(dev), fmt, plan=_to(pl, dev), pending=tw.dev["pending"] if slot is not None else None,
+                        slot=_to(sl, dev), rng=_to(rng, dev), **kw)
     name = (f"grad_cast[{fmt} {dtype} {tuple(shape)} plan={plan} slot={slot} holding {slot_value} colsum={colsum} "
             f"transpose={transpose} margin={margin} pow2={pow2} eps={eps} sr={sr}]")
     out += [(name + " q", got[0], want[0]), (name + " scale_inv", got[2], want[2]), (name + " amax", got[3], want[3])]
@@ -194,12 +191,13 @@ def chain_case(dev, out: list, *, steps: int = 3, spec=Spec(history_len=3, inter
             st, rr = tw.state3(side), _to(rng, d)
             pend, nxt = (tw.cpu if side == "cpu" else tw.dev)["pending"], (tw.cpu if side == "cpu" else tw.dev)[
                 "next_slot"]
-            plan, slot = OPS.delayed_flush(*st, pend, nxt, 2, spec.history_len, E5, *spec.args(), True, True)
-            xq = OPS.delayed_cast(x.to(d), *st, 0, spec.history_len, E4, *spec.args(), True, True, True, None, rr, 0)
-            wq = OPS.delayed_cast(w.to(d), *st, 1, spec.history_len, E4, *spec.args(), True, True, True, None, rr,
-                                  x.numel())
-            gs = [OPS.grad_cast((dy * (1 + b)).to(d), E5, plan, pend, slot, spec.margin, spec.pow2, 0.0, True, True,
-                                True, rr, x.numel() + w.numel()) for b in range(backwards[step % len(backwards)])]
+            plan, slot = ops.delayed_flush(*st, pend, nxt, role=2, fp8_dtype=E5, spec=spec, record=True, reserve=True)
+            cast: dict[str, Any] = dict(fp8_dtype=E4, spec=spec, record=True, transpose=True, inf_to_nan=True, rng=rr)
+            xq = ops.delayed_cast(x.to(d), *st, role=0, rng_skip=0, **cast)
+            wq = ops.delayed_cast(w.to(d), *st, role=1, rng_skip=x.numel(), **cast)
+            gs = [ops.grad_cast((dy * (1 + b)).to(d), E5, plan=plan, pending=pend, slot=slot, margin=spec.margin,
+                                power_2_scale=spec.power_2_scale, transpose=True, colsum=True, inf_to_nan=True, rng=rr,
+                                rng_skip=x.numel() + w.numel()) for b in range(backwards[step % len(backwards)])]
             res[side] = (plan, slot, xq, wq, gs)
         for part, g, c in zip(("plan", "slot"), res["dev"][:2], res["cpu"][:2]):
             out.append((f"{name} flush {part}", g, c))
@@ -219,16 +217,17 @@ def rng_cast_case(dev, out: list, *, op: str = "cast", gran: int = 0, shape=(37,
     rng = torch.tensor([-(2 ** 62) + seed, offset], dtype=torch.int64)
     rows = x.numel() // shape[-1]
     n = {0: 1, 1: rows, 2: rows * -(-shape[-1] // 128), 3: -(-rows // 128) * -(-shape[-1] // 128)}[gran]
+    kw: dict[str, Any] = dict(granularity=gran, saturate=True, stochastic=False, seed=99, offset=12, want_q=True,
+                              transpose=transpose, inf_to_nan=True, rng_skip=skip)
     if op == "cast":
         s = torch.rand(n, generator=torch.Generator().manual_seed(seed)) * 4 + 0.05 if gran else torch.tensor(1.7)
-        args: tuple = (fmt, gran, True, False, 99, 12, True, transpose, True)
-        want = OPS.cast(x, s, *args, rng, skip)
-        got = OPS.cast(x.to(dev), s.to(dev), *args, rng.to(dev), skip)
+        want = ops.cast(x, s, fmt, rng=rng, **kw)
+        got = ops.cast(x.to(dev), s.to(dev), fmt, rng=rng.to(dev), **kw)
         parts: tuple[str, ...] = ("q", "qt", "amax")
     else:
-        args = (fmt, gran, 1, False, 0.0, True, False, 99, 12, True, transpose, True)
-        want = OPS.quantize_current(x, *args, rng, skip)
-        got = OPS.quantize_current(x.to(dev), *args, rng.to(dev), skip)
+        kw.update(margin=1, power_2_scale=False, amax_epsilon=0.0)
+        want = ops.quantize_current(x, fmt, rng=rng, **kw)
+        got = ops.quantize_current(x.to(dev), fmt, rng=rng.to(dev), **kw)
         parts = ("q", "qt", "scale_inv", "amax")
     name = f"{op}[rng offset={offset} skip={skip} gran={gran} {fmt} {dtype} {tuple(shape)} transpose={transpose}]"
     out += [(f"{name} {k}", g, c) for k, g, c in zip(parts, got, want) if k != "qt" or transpose]

@@ -18,31 +18,38 @@ FP8MIX_CUDA_SELFCHECK=0 skips it.
 
 ``collect_cases(device)`` is the device half; called with the CPU it runs the same
 calls on the CPU twice, which is how CPU tests dry-run it.
+
+Every kernel is called through fp8mix.ops' typed wrappers, looked up in this module's
+``ops`` attribute at call time (tests swap it for a fake op layer; recipe_cases has its
+own). Their first-use hook normally starts ``run_selfcheck`` with the device already
+marked checked, so the self-check's own calls do not re-enter it; when ``run_selfcheck``
+or ``collect_cases`` is called directly, the hook fires on the first device call inside
+this thread's collection and returns at once (``_collecting``). A GEMM cuBLASLt refuses
+goes through the torch._scaled_mm fallback, as every ops.scaled_mm call does, and its
+case is named so (``scaled_mm_noting_fallback``).
 """
 from __future__ import annotations
 
 import os
 import threading
 import time
+from typing import Any
 
 import torch
 
-from .. import ops  # noqa: F401  (loads fp8mix._C, which registers torch.ops.fp8mix)
+from .. import ops
 from . import _capi, recipe_cases
 from .compare import Case, SelfCheckError, gemm_bound, random_scales, verify
 from .fallback import is_refusal, scaled_mm_fallback
 
-__all__ = ["run_selfcheck", "collect_cases", "SelfCheckError", "selfcheck_enabled"]
+__all__ = ["run_selfcheck", "collect_cases", "SelfCheckError", "selfcheck_enabled", "scaled_mm_noting_fallback"]
 
 E4, E5 = torch.float8_e4m3fn, torch.float8_e5m2
 _HP = (torch.float32, torch.bfloat16, torch.float16)
 _SHAPES = ((64, 256), (37, 203))  # vector paths / scalar paths and partial tiles
 _done: dict[str, dict] = {}
 _lock = threading.Lock()
-_fp8 = torch.ops.fp8mix
-# The raw ops with positional arguments: their schemas only ever gain trailing
-# defaulted arguments, unlike the typed Python wrappers (tests swap this for a fake).
-_OPS = torch.ops.fp8mix
+_collecting = threading.local()  # .on: this thread is inside collect_cases (the first-use hook must not recurse)
 
 
 def selfcheck_enabled() -> bool:
@@ -77,12 +84,12 @@ def _hw_settings(dev: torch.device) -> list[bool | None]:
 def _with_hw(dev: torch.device, hw: bool | None, fn):
     if hw is None:
         return fn()
-    old = _fp8.cuda_get_hw_convert()
-    _fp8.cuda_set_hw_convert(hw)
+    old = ops.cuda_hw_convert()
+    ops.cuda_hw_convert(hw)
     try:
         return fn()
     finally:
-        _fp8.cuda_set_hw_convert(old)
+        ops.cuda_hw_convert(old)
 
 
 def _cast_cases(dev: torch.device, out: list) -> None:
@@ -95,10 +102,12 @@ def _cast_cases(dev: torch.device, out: list) -> None:
                         dt, shape = _HP[i % 3], _SHAPES[i % 2]
                         i += 1
                         x, s = _x(shape, dt, i), _scales(shape[0], shape[1], gran, i)
-                        args = (fmt, gran, sat, sr, 0x1234_5678_9ABC + i, 4 * i + (i % 4), True, tr)
-                        want = _OPS.cast(x, s, *args)
+                        kw: dict[str, Any] = dict(granularity=gran, saturate=sat, stochastic=sr,
+                                                  seed=0x1234_5678_9ABC + i, offset=4 * i + (i % 4), want_q=True,
+                                                  transpose=tr)
+                        want = ops.cast(x, s, fmt, **kw)
                         for hw in _hw_settings(dev) if (sat and not sr) else [None]:
-                            got = _with_hw(dev, hw, lambda: _OPS.cast(x.to(dev), s.to(dev), *args))
+                            got = _with_hw(dev, hw, lambda: ops.cast(x.to(dev), s.to(dev), fmt, **kw))
                             name = (f"cast[{fmt} sat={sat} sr={sr} gran={gran} transpose={tr} {dt} {shape}"
                                     f"{'' if hw is None else ' hw_convert=' + str(hw)}]")
                             out += [(name + " q", got[0], want[0]), (name + " amax", got[2], want[2])]
@@ -129,9 +138,11 @@ def _quantize_cases(dev: torch.device, out: list) -> None:
                 dt, shape = _HP[i % 3], _SHAPES[(i // 2) % 2]
                 i += 1
                 x = _x(shape, dt, 50 + i)
-                args = (fmt, gran, i % 3, bool(i % 2), 1e-3 * (i % 2), True, i % 4 == 0, 77, 8, True, tr)
-                want = _OPS.quantize_current(x, *args)
-                got = _OPS.quantize_current(x.to(dev), *args)
+                kw: dict[str, Any] = dict(granularity=gran, margin=i % 3, power_2_scale=bool(i % 2),
+                                          amax_epsilon=1e-3 * (i % 2), saturate=True, stochastic=i % 4 == 0, seed=77,
+                                          offset=8, want_q=True, transpose=tr)
+                want = ops.quantize_current(x, fmt, **kw)
+                got = ops.quantize_current(x.to(dev), fmt, **kw)
                 name = f"quantize_current[{fmt} gran={gran} transpose={tr} {dt} {shape}]"
                 out += [(name + " q", got[0], want[0]), (name + " scale_inv", got[2], want[2]),
                         (name + " amax", got[3], want[3])]
@@ -142,10 +153,12 @@ def _quantize_cases(dev: torch.device, out: list) -> None:
 def _amax_scale_dequant_cases(dev: torch.device, out: list) -> None:
     for gran in range(4):
         x = _x(_SHAPES[gran % 2], _HP[gran % 3], 70 + gran)
-        out.append((f"amax[gran={gran} {x.dtype}]", _OPS.amax(x.to(dev), gran), _OPS.amax(x, gran)))
+        out.append((f"amax[gran={gran} {x.dtype}]", ops.amax(x.to(dev), granularity=gran),
+                    ops.amax(x, granularity=gran)))
     a = torch.tensor([0.0, -0.0, 1e-45, 1e-38, 0.5, 448.0, 3e38, float("inf"), float("nan"), 7.0])
     for fmt, margin, pow2, eps in ((E4, 0, False, 0.0), (E5, 3, True, 1e-4)):
-        want, got = _OPS.compute_scale(a, fmt, margin, pow2, eps), _OPS.compute_scale(a.to(dev), fmt, margin, pow2, eps)
+        kw: dict[str, Any] = dict(margin=margin, power_2_scale=pow2, amax_epsilon=eps)
+        want, got = ops.compute_scale(a, fmt, **kw), ops.compute_scale(a.to(dev), fmt, **kw)
         out += [(f"compute_scale[{fmt} margin={margin} pow2={pow2}] scale", got[0], want[0]),
                 (f"compute_scale[{fmt} margin={margin} pow2={pow2}] scale_inv", got[1], want[1])]
     g8 = torch.Generator().manual_seed(11)
@@ -154,8 +167,9 @@ def _amax_scale_dequant_cases(dev: torch.device, out: list) -> None:
             shape = _SHAPES[gran % 2]
             q = torch.randint(0, 256, shape, generator=g8, dtype=torch.uint8).view(fmt)
             s = _scales(shape[0], shape[1], gran, 80 + gran)
-            out.append((f"dequantize[{fmt} gran={gran} -> {odt}]", _OPS.dequantize(q.to(dev), s.to(dev), gran, odt),
-                        _OPS.dequantize(q, s, gran, odt)))
+            out.append((f"dequantize[{fmt} gran={gran} -> {odt}]",
+                        ops.dequantize(q.to(dev), s.to(dev), granularity=gran, out_dtype=odt),
+                        ops.dequantize(q, s, granularity=gran, out_dtype=odt)))
 
 
 def _stats_cases(dev: torch.device, out: list) -> None:
@@ -163,12 +177,12 @@ def _stats_cases(dev: torch.device, out: list) -> None:
     for i, (fmt, gran, sat, dt) in enumerate(((E4, 2, False, torch.bfloat16), (E5, 0, True, torch.float32),
                                               (E4, 1, True, torch.float16), (E5, 3, False, torch.bfloat16))):
         x = _x(_SHAPES[i % 2], dt, 90 + gran)
-        q, _, sinv, _ = _OPS.quantize_current(x, fmt, gran, 0, False, 0.0, sat, False, 0, 0, True, False)
+        q, _, sinv, _ = ops.quantize_current(x, fmt, granularity=gran, saturate=sat)
         bad = i == 3
         if bad:
             sinv.view(-1)[0] = 0.0
-        want = _OPS.quant_stats(x, q, sinv, gran, bad_scale_as_one=bad)
-        got = _OPS.quant_stats(x.to(dev), q.to(dev), sinv.to(dev), gran, bad_scale_as_one=bad)
+        want = ops.quant_stats(x, q, sinv, granularity=gran, bad_scale_as_one=bad)
+        got = ops.quant_stats(x.to(dev), q.to(dev), sinv.to(dev), granularity=gran, bad_scale_as_one=bad)
         out.append((f"quant_stats[{fmt} gran={gran} saturate={sat} {dt} bad_scale={bad}]", got, want, "stats"))
 
 
@@ -196,13 +210,13 @@ def _rederive(h, am, scale, steps, fmax, margin, pow2, algo, interval):
     h[0] = am
     steps = steps + 1
     a = h.amax() if algo == "max" else h[0]
-    s, _ = _OPS.compute_scale(a.reshape(1), E4 if fmax == 448.0 else E5, margin, pow2, 0.0)
+    s, _ = ops.compute_scale(a.reshape(1), E4 if fmax == 448.0 else E5, margin=margin, power_2_scale=pow2)
     ok = bool(torch.isfinite(a) and a > 0) and steps % interval == 0
     return h, (s[0] if ok else scale), steps
 
 
 def _delayed_cases(dev: torch.device, out: list) -> None:
-    if dev.type != "cuda" or not hasattr(_fp8, "delayed_scale_update"):
+    if dev.type != "cuda" or not ops.has_kernels("delayed_scale_update", dev):
         return  # a CUDA-only op (the CPU has no oracle op to run twice)
     lens = [1, 5, 300, 16]  # 300: the roll runs in chunks of 256
     amax = torch.tensor([0.0, float("nan"), 3.5, float("inf")])
@@ -213,14 +227,44 @@ def _delayed_cases(dev: torch.device, out: list) -> None:
     for algo, interval in (("max", 1), ("most_recent", 2)):
         hs = [h.to(dev) for h in hist]
         sc, si, st, am = scale.to(dev), torch.empty(4, device=dev), steps.to(dev), amax.to(dev)
-        _fp8.delayed_scale_update(hs, list(am.split(1)), [sc[i] for i in range(4)], [si[i] for i in range(4)],
-                                  [st[i] for i in range(4)], fmax, 1, False, algo, interval)
+        ops.delayed_scale_update(hs, list(am.split(1)), [sc[i] for i in range(4)], fp8_max=fmax,
+                                 scale_inv=[si[i] for i in range(4)], steps=[st[i] for i in range(4)], margin=1,
+                                 power_2_scale=False, algo=algo, interval=interval)
         for i in range(4):
             h, s, n = _rederive(hist[i].clone(), amax[i], scale[i], int(steps[i]), fmax[i], 1, False, algo, interval)
             name = f"delayed_scale_update[{algo} interval={interval} entry {i} len {lens[i]}]"
             out += [(name + " history", hs[i], h), (name + " scale", sc[i], s.reshape(())),
                     (name + " scale_inv", si[i], torch.reciprocal(s.reshape(()))),
                     (name + " steps", st[i], torch.tensor(n))]
+
+
+class _TorchScaledMmSeen(torch.overrides.TorchFunctionMode):
+    """Notes whether torch._scaled_mm ran inside: fp8mix's own CUDA GEMM calls cuBLASLt
+    from C, so a torch._scaled_mm call is fp8mix.cuda.fallback's."""
+
+    def __init__(self):
+        super().__init__()
+        self.called = False
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.called = self.called or func is torch._scaled_mm
+        return func(*args, **(kwargs or {}))
+
+
+def scaled_mm_noting_fallback(a, b, scale_a, scale_b, bias=None, out_dtype=torch.float32, **kw):
+    """``ops.scaled_mm(a, b, scale_a, scale_b, bias=bias, out_dtype=out_dtype, **kw)`` and
+    whether cuBLASLt refused it, i.e. the product came from the torch._scaled_mm fallback
+    (which ops.scaled_mm runs through the CUDA hooks, ignoring kw): (out, refused). With no
+    hooks installed (ops.set_cuda_hooks(None)) ops.scaled_mm re-raises the refusal, and the
+    fallback runs here; any other error propagates."""
+    with _TorchScaledMmSeen() as seen:
+        try:
+            out = ops.scaled_mm(a, b, scale_a, scale_b, bias=bias, out_dtype=out_dtype, **kw)
+        except NotImplementedError as e:
+            if not is_refusal(e):
+                raise
+            out = scaled_mm_fallback(a, b, scale_a, scale_b, bias, out_dtype)
+    return out, seen.called
 
 
 def _gemm_operands(m, n, k, kind, seed):
@@ -239,16 +283,10 @@ def _gemm_cases(dev: torch.device, out: list) -> None:
     for i, ((m, n, k), kind, odt, bdt) in enumerate(plans):
         a, b, sa, sb = _gemm_operands(m, n, k, kind, 20 + i)
         bias = None if bdt is None else (torch.randn(n, generator=torch.Generator().manual_seed(i)) * 10).to(bdt)
-        want = _OPS.scaled_mm(a, b, sa, sb, bias, odt, "fp32", 128)
-        da, db, dsa, dsb = a.to(dev), b.to(dev), sa.to(dev), sb.to(dev)
-        dbias = None if bias is None else bias.to(dev)
-        how = ""
-        try:
-            got = _OPS.scaled_mm(da, db, dsa, dsb, dbias, odt, "fp32", 128)
-        except NotImplementedError as e:
-            if not is_refusal(e):
-                raise
-            got, how = scaled_mm_fallback(da, db, dsa, dsb, dbias, odt), " via the torch._scaled_mm fallback"
+        want = ops.scaled_mm(a, b, sa, sb, bias=bias, out_dtype=odt)
+        got, refused = scaled_mm_noting_fallback(a.to(dev), b.to(dev), sa.to(dev), sb.to(dev),
+                                                 None if bias is None else bias.to(dev), odt)
+        how = " via the torch._scaled_mm fallback" if refused else ""
         name = f"scaled_mm[{kind} {m}x{n}x{k} {a.dtype} x {b.dtype} -> {odt} bias={bdt}{how}]"
         out.append((name, got, want, "gemm", gemm_bound(a, b, sa, sb, kind, bias)))
 
@@ -276,17 +314,24 @@ def collect_cases(device) -> list[Case]:
     """Run every kernel on `device` and on the CPU; the device half of the self-check."""
     dev = torch.device(device)
     pending: list = []
-    for build in _BUILDERS:
-        build(dev, pending)
+    outer, _collecting.on = getattr(_collecting, "on", False), True
+    try:
+        for build in _BUILDERS:
+            build(dev, pending)
+    finally:
+        _collecting.on = outer
     return _fetch(pending)
 
 
 def run_selfcheck(device=None) -> dict | None:
     """Check the CUDA kernels of `device` (default: the current CUDA device) against the
     C core, once per device and process.  Returns a report ({"device", "cases",
-    "elements", "ms"}; None when FP8MIX_CUDA_SELFCHECK=0) or raises SelfCheckError."""
+    "elements", "ms"}; None when FP8MIX_CUDA_SELFCHECK=0, or when reached from this
+    thread's own collect_cases through the first-use hook) or raises SelfCheckError."""
     if not selfcheck_enabled():
         return None
+    if getattr(_collecting, "on", False):
+        return None  # the first-use hook, fired by this thread's own collect_cases (a direct call of it)
     dev = torch.device(device if device is not None else "cuda")
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())

@@ -158,10 +158,11 @@ def test_one_op_casts_opcheck_and_errors():
         ops.linear_current_casts(x.long(), w, x_dtype=E4, w_dtype=E4)
     with pytest.raises(TypeError, match="FP8 dtype"):
         ops.linear_current_casts(x, w, x_dtype=torch.float32, w_dtype=E4)
+    kw = dict(x_dtype=E4, w_dtype=E4, grad_dtype=E5, spec=ops.DelayedSpec(16), record=True, reserve=True)
     with pytest.raises(ValueError, match="role"):
-        R.linear_delayed_casts(x, w, *_state(), 1, 16, E4, E4, E5)  # GEMM 1 of a 3-role state
+        ops.linear_delayed_casts(x, w, *_state(), gemm=1, **kw)  # GEMM 1 of a 3-role state
     with pytest.raises(ValueError, match="gemm must be >= 0"):
-        R.linear_delayed_casts(x, w, *_state(), -1, 16, E4, E4, E5)
+        ops.linear_delayed_casts(x, w, *_state(), gemm=-1, **kw)
 
 
 class _Ops(TorchDispatchMode):
