@@ -79,7 +79,7 @@ def _mm_or_fallback(name, allow_refusal, a, b, sa, sb, bias, out, **kw):
     fallback when cuBLASLt refuses the problem, which the rules must allow here (any other
     error propagates)."""
     got, refused = selfcheck.scaled_mm_noting_fallback(a, b, sa, sb, bias, out, **kw)
-    assert allow_refusal or not refused, f"scaled_mm {name} must not be refused on this device"
+    assert allow_refusal or not refused, f"scaled_mm {name} must not be refused on this device: {refused}"
     return got
 
 

@@ -17,6 +17,7 @@ import warnings
 import pytest
 import torch
 
+import fp8mix
 from fp8mix import ops
 from fp8mix.cuda import compare, fallback, selfcheck
 from fp8mix.cuda.compare import Case, SelfCheckError, verify
@@ -212,9 +213,11 @@ class _RefusingOps:
         self.calls += 1
         if self.calls % 2 == 1 or scale_a.numel() == 1:
             return ops.scaled_mm(a, b, scale_a, scale_b, bias=bias, out_dtype=out_dtype, **kw)
+        refusal = NotImplementedError(fallback.REFUSED_PREFIX + "scale_arch (device sm_89, cuBLASLt 120000)")
         if not self.hooked:
-            raise NotImplementedError(fallback.REFUSED_PREFIX + "scale_arch (device sm_89, cuBLASLt 120000)")
-        return fallback.scaled_mm_fallback(a, b, scale_a, scale_b, bias, out_dtype)
+            raise refusal
+        # what ops.scaled_mm does with the hooks installed: fp8mix.cuda's own hook (it notes the refusal)
+        return fp8mix.cuda._Hooks().scaled_mm_refused(refusal, a, b, scale_a, scale_b, bias, out_dtype)
 
 
 @pytest.mark.parametrize("hooked", [True, False], ids=["cuda_hooks", "no_hooks"])

@@ -6,7 +6,7 @@ Importing this package touches no GPU; it registers itself with the op layer
 imports this package, this package builds on fp8mix.ops."""
 from .. import ops
 from .compare import SelfCheckError
-from .fallback import REFUSED_PREFIX, FallbackUnavailable, is_refusal, scaled_mm_fallback
+from .fallback import REFUSED_PREFIX, FallbackUnavailable, is_refusal, refusals, scaled_mm_fallback
 from .selfcheck import run_selfcheck, selfcheck_enabled
 
 
@@ -19,7 +19,9 @@ class _Hooks:
     def scaled_mm_refused(self, error, a, b, scale_a, scale_b, bias, out_dtype):
         if not is_refusal(error):
             raise error
-        return scaled_mm_fallback(a, b, scale_a, scale_b, bias, out_dtype)
+        out = scaled_mm_fallback(a, b, scale_a, scale_b, bias, out_dtype)
+        refusals.last = str(error)  # (after: a fallback that cannot run raises, and nothing was served)
+        return out
 
 
 ops.set_cuda_hooks(_Hooks())

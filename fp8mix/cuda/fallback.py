@@ -25,7 +25,7 @@ import warnings
 
 import torch
 
-__all__ = ["REFUSED_PREFIX", "FallbackUnavailable", "is_refusal", "scale_kind", "scaled_mm_fallback"]
+__all__ = ["REFUSED_PREFIX", "FallbackUnavailable", "is_refusal", "scale_kind", "scaled_mm_fallback", "refusals"]
 
 REFUSED_PREFIX = "fp8mix.scaled_mm: refused by cuBLASLt"
 
@@ -33,6 +33,16 @@ _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 _OUT = (torch.float32, torch.bfloat16, torch.float16)
 _warned: set[str] = set()
 _warn_lock = threading.Lock()
+
+
+class _Refusals(threading.local):
+    """This thread's last cuBLASLt refusal that the fallback served (its message), or None:
+    set by the op layer's CUDA hook (fp8mix.cuda), cleared by whoever wants to know."""
+
+    last: "str | None" = None
+
+
+refusals = _Refusals()
 
 
 class FallbackUnavailable(RuntimeError):

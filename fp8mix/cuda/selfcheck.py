@@ -40,7 +40,7 @@ import torch
 from .. import ops
 from . import _capi, recipe_cases
 from .compare import Case, SelfCheckError, gemm_bound, random_scales, verify
-from .fallback import is_refusal, scaled_mm_fallback
+from .fallback import is_refusal, refusals, scaled_mm_fallback
 
 __all__ = ["run_selfcheck", "collect_cases", "SelfCheckError", "selfcheck_enabled", "scaled_mm_noting_fallback"]
 
@@ -238,33 +238,22 @@ def _delayed_cases(dev: torch.device, out: list) -> None:
                     (name + " steps", st[i], torch.tensor(n))]
 
 
-class _TorchScaledMmSeen(torch.overrides.TorchFunctionMode):
-    """Notes whether torch._scaled_mm ran inside: fp8mix's own CUDA GEMM calls cuBLASLt
-    from C, so a torch._scaled_mm call is fp8mix.cuda.fallback's."""
-
-    def __init__(self):
-        super().__init__()
-        self.called = False
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.called = self.called or func is torch._scaled_mm
-        return func(*args, **(kwargs or {}))
-
-
 def scaled_mm_noting_fallback(a, b, scale_a, scale_b, bias=None, out_dtype=torch.float32, **kw):
     """``ops.scaled_mm(a, b, scale_a, scale_b, bias=bias, out_dtype=out_dtype, **kw)`` and
-    whether cuBLASLt refused it, i.e. the product came from the torch._scaled_mm fallback
-    (which ops.scaled_mm runs through the CUDA hooks, ignoring kw): (out, refused). With no
-    hooks installed (ops.set_cuda_hooks(None)) ops.scaled_mm re-raises the refusal, and the
-    fallback runs here; any other error propagates."""
-    with _TorchScaledMmSeen() as seen:
-        try:
-            out = ops.scaled_mm(a, b, scale_a, scale_b, bias=bias, out_dtype=out_dtype, **kw)
-        except NotImplementedError as e:
-            if not is_refusal(e):
-                raise
-            out = scaled_mm_fallback(a, b, scale_a, scale_b, bias, out_dtype)
-    return out, seen.called
+    the refusal's message when cuBLASLt refused it and the product came from the
+    torch._scaled_mm fallback (which ops.scaled_mm runs through the CUDA hooks, ignoring kw;
+    the hook notes it in fallback.refusals): (out, reason or None). With no hooks installed
+    (ops.set_cuda_hooks(None)) ops.scaled_mm re-raises the refusal, and the fallback runs
+    here; any other error propagates."""
+    refusals.last = None
+    try:
+        out = ops.scaled_mm(a, b, scale_a, scale_b, bias=bias, out_dtype=out_dtype, **kw)
+    except NotImplementedError as e:
+        if not is_refusal(e):
+            raise
+        return scaled_mm_fallback(a, b, scale_a, scale_b, bias, out_dtype), str(e)
+    reason, refusals.last = refusals.last, None
+    return out, reason
 
 
 def _gemm_operands(m, n, k, kind, seed):
