@@ -281,7 +281,7 @@ fp8mix_status fp8mix_mm_scale_kinds(const fp8mix_mm_scale_query *q, fp8mix_mm_sc
     return FP8MIX_OK;
 }
 
-fp8mix_status fp8mix_quantize_current_read(int64_t ndim, const fp8mix_strided2d *x, fp8mix_granularity gran,
+fp8mix_status fp8mix_quantize_current_read(int64_t ndim, const fp8mix_strided2d *x, int64_t gran,
                                            unsigned outputs, fp8mix_quantize_read *out)
 {
     if (!out || (ndim == 2 && !x)) return FP8MIX_ERR_NULL_POINTER;

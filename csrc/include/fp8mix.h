@@ -905,10 +905,11 @@ typedef struct fp8mix_quantize_read {
  * ndim == 2, not read otherwise): through its transpose y, with no contiguous
  * copy of x, when gran is FP8MIX_GRAN_BLOCK, outputs is exactly FP8MIX_OUT_Q
  * and x = y^T of a row-major y (ndim 2, both sizes > 1, stride0 == 1 and
- * stride1 >= rows); by rows otherwise.  gran is only compared (the cast
- * checks it).  Errors: NULL_POINTER; BAD_SHAPE (ndim 2 with a negative size
+ * stride1 >= rows); by rows otherwise.  gran is an fp8mix_granularity value
+ * as the caller got it, only compared (the cast itself checks it; any other
+ * value reads by rows).  Errors: NULL_POINTER; BAD_SHAPE (ndim 2 with a negative size
  * or stride, or ndim < 0). */
-fp8mix_status fp8mix_quantize_current_read(int64_t ndim, const fp8mix_strided2d *x, fp8mix_granularity gran,
+fp8mix_status fp8mix_quantize_current_read(int64_t ndim, const fp8mix_strided2d *x, int64_t gran,
                                            unsigned outputs, fp8mix_quantize_read *out);
 
 /* ---- fused producer casts: a norm or an activation written as FP8 ---------

@@ -396,7 +396,7 @@ static void check_scale_kinds(void)
     CHECK(fp8mix_mm_scale_kinds(&q, &c) == FP8MIX_ERR_BAD_SHAPE, "negative dim");
 }
 
-static void expect_read(const char *what, int64_t ndim, const fp8mix_strided2d *x, fp8mix_granularity gran,
+static void expect_read(const char *what, int64_t ndim, const fp8mix_strided2d *x, int64_t gran,
                         unsigned outputs, int transposed, int64_t rows, int64_t cols, int64_t ld)
 {
     fp8mix_quantize_read r;
@@ -409,7 +409,7 @@ static void expect_read(const char *what, int64_t ndim, const fp8mix_strided2d *
 
 static void check_quantize_read(void)
 {
-    const fp8mix_granularity BL = FP8MIX_GRAN_BLOCK;
+    const int64_t BL = FP8MIX_GRAN_BLOCK;
     const fp8mix_strided2d yt = sd(5, 8, 1, 5);     /* y (8, 5) row-major, x = y.t() (5, 8) */
     const fp8mix_strided2d yt_pad = sd(5, 8, 1, 7); /* y with row stride 7 */
     expect_read("x = y.t()", 2, &yt, BL, FP8MIX_OUT_Q, 1, 8, 5, 5);
@@ -417,9 +417,8 @@ static void check_quantize_read(void)
     expect_read("with qt", 2, &yt, BL, FP8MIX_OUT_Q | FP8MIX_OUT_QT, 0, 0, 0, 0);
     expect_read("qt only", 2, &yt, BL, FP8MIX_OUT_QT, 0, 0, 0, 0);
     expect_read("no outputs", 2, &yt, BL, 0, 0, 0, 0, 0);
-    const fp8mix_granularity others[] = {FP8MIX_GRAN_TENSOR, FP8MIX_GRAN_ROW, FP8MIX_GRAN_BLOCK2D, FP8MIX_GRAN_MX,
-                                         (fp8mix_granularity)9};
-    for (int i = 0; i < 5; i++) expect_read("another granularity", 2, &yt, others[i], FP8MIX_OUT_Q, 0, 0, 0, 0);
+    const int64_t others[] = {FP8MIX_GRAN_TENSOR, FP8MIX_GRAN_ROW, FP8MIX_GRAN_BLOCK2D, FP8MIX_GRAN_MX, 9, -2};
+    for (int i = 0; i < 6; i++) expect_read("another granularity", 2, &yt, others[i], FP8MIX_OUT_Q, 0, 0, 0, 0);
     expect_read("3-D (its sizes are not read)", 3, NULL, BL, FP8MIX_OUT_Q, 0, 0, 0, 0);
     expect_read("1-D", 1, NULL, BL, FP8MIX_OUT_Q, 0, 0, 0, 0);
     const fp8mix_strided2d one_row = sd(1, 8, 1, 1), one_col = sd(5, 1, 1, 5), rowmajor = sd(5, 8, 8, 1),
