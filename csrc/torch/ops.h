@@ -18,7 +18,8 @@ namespace fp8mix_torch {
 
 using at::Tensor;
 using OptTensor = c10::optional<at::Tensor>;
-using Tensors2 = std::tuple<Tensor, Tensor>; // (the ops' results, in the schemas' order)
+// the ops' results, in the schemas' order
+using Tensors2 = std::tuple<Tensor, Tensor>;
 using Tensors3 = std::tuple<Tensor, Tensor, Tensor>;
 using Tensors4 = std::tuple<Tensor, Tensor, Tensor, Tensor>;
 using Tensors5 = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>;
@@ -32,7 +33,8 @@ using Str = c10::string_view;
 
 // The ops with a kernel on every device, <name>_cpu and <name>_cuda: the list both
 // TORCH_LIBRARY_IMPL blocks register (ops_cpu.cpp, ops_cuda.cpp), so neither misses one.
-// FP8MIX_OPS_ON_EVERY_DEVICE(FP8MIX_IMPL_OP, cpu) registers the CPU kernels.
+// Inside a TORCH_LIBRARY_IMPL block (library m), FP8MIX_OPS_ON_EVERY_DEVICE(FP8MIX_IMPL_OP, cpu)
+// registers the CPU kernels of them all.
 #define FP8MIX_OPS_ON_EVERY_DEVICE(X, dev)                                                                       \
     X(cast, dev) X(quantize_current, dev) X(amax, dev) X(compute_scale, dev) X(dequantize, dev)                  \
     X(quant_stats, dev) X(scaled_mm, dev) X(delayed_cast, dev) X(delayed_record, dev) X(delayed_flush, dev)      \
