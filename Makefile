@@ -7,7 +7,7 @@
 #   make SAN=1 test-c   the same under AddressSanitizer + UBSan
 #   make check-circles  fail if two files of the C core call each other (tests/c/circles.py)
 #   make cuda-check     compile every .cu file with nvcc (no GPU needed; the MX file also for sm_100)
-#   make cuda-ops-check type-check the CUDA half of csrc/torch_ops.cpp against torch's headers
+#   make cuda-ops-check type-check the CUDA code of the op layer (csrc/torch) against torch's headers
 #   make fuzz FUZZ_SECONDS=60   libFuzzer targets (clang) over the C API
 #   make valgrind       the C tests under valgrind memcheck
 
@@ -138,9 +138,10 @@ cuda-check:
 	  for a in $$archs; do echo "nvcc -arch=sm_$$a $$f"; \
 	    $(NVCC) -std=c++17 -arch=sm_$$a -Icsrc/include -I"$$inc" -c $$f -o /dev/null; done; done
 
-# The CUDA half of the one C++ op file (#ifdef FP8MIX_WITH_CUDA), type-checked against
-# torch's own headers (needs the venv's torch and a CUDA include folder, no GPU). The
-# CPU wheel ships c10/cuda's headers but not their generated cmake macros: a stub.
+# The CUDA code of the op layer: every csrc/torch file that mentions FP8MIX_WITH_CUDA
+# (ops_cuda.cpp, and the CUDA-only schemas), type-checked with it defined against torch's
+# own headers (needs the venv's torch and a CUDA include folder, no GPU). The CPU wheel
+# ships c10/cuda's headers but not their generated cmake macros: a stub.
 # The Python with torch: the venv's when there is one here, else $(PYTHON) (a worktree
 # without its own .venv passes VENV=<path> or PYTHON=<python with torch>).
 OPS_PY = $(if $(wildcard $(VENV)/bin/python),$(VENV)/bin/python,$(PYTHON))
@@ -151,8 +152,9 @@ cuda-ops-check:
 	printf '#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n' > $$stub/c10/cuda/impl/cuda_cmake_macros.h; \
 	ti="$$($(OPS_PY) -c 'import torch.utils.cpp_extension as c; print(" ".join("-I" + p for p in c.include_paths()))')"; \
 	pi="$$($(OPS_PY) -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"; \
-	echo "c++ -fsyntax-only -DFP8MIX_WITH_CUDA csrc/torch_ops.cpp"; \
-	$(CXX) -std=c++20 -fsyntax-only -DFP8MIX_WITH_CUDA $$ti -I$$stub -I$$pi -I"$$cuinc" -Icsrc/include csrc/torch_ops.cpp
+	files="$$(grep -l FP8MIX_WITH_CUDA csrc/torch/*.cpp)"; [ -n "$$files" ] || { echo "no CUDA code in csrc/torch"; exit 1; }; \
+	for f in $$files; do echo "c++ -fsyntax-only -DFP8MIX_WITH_CUDA $$f"; \
+	  $(CXX) -std=c++20 -fsyntax-only -DFP8MIX_WITH_CUDA $$ti -I$$stub -I$$pi -I"$$cuinc" -Icsrc/include $$f; done
 
 # ---- the two commands of the README -------------------------------------
 $(VENV)/.ready: requirements-dev.txt

@@ -1,6 +1,7 @@
 """Build fp8mix: the C core (csrc/core, via `make core`) as a static library,
-linked into one torch extension, fp8mix._C, made from csrc/torch_ops.cpp and,
-in a CUDA build, the CUDA kernels and the cuBLASLt GEMM (csrc/cuda/*.cu).
+linked into one torch extension, fp8mix._C, made from the op layer csrc/torch/*.cpp
+(its CUDA kernels' file csrc/torch/ops_cuda.cpp only in a CUDA build) and, in a
+CUDA build, the CUDA kernels and the cuBLASLt GEMM (csrc/cuda/*.cu).
 
 Which build:
   * CUDA (CUDAExtension, FP8MIX_WITH_CUDA defined, sm_89 + sm_90 code and
@@ -70,6 +71,11 @@ def _flag(name):
     return os.environ.get(name, "") not in ("", "0")
 
 
+def _torch_sources(cuda):
+    """The op layer's C++ files (csrc/torch): every one, except the CUDA kernels' file in a CPU build."""
+    return [f for f in sorted(glob.glob("csrc/torch/*.cpp")) if cuda or os.path.basename(f) != "ops_cuda.cpp"]
+
+
 def _nvcc():
     """Path of nvcc (the one torch's CUDA_HOME points at, else PATH), or None."""
     try:
@@ -129,7 +135,7 @@ def _cuda_ext():
     blas_flags, link = _cublaslt(CUDA_HOME)
     return CUDAExtension(
         name="fp8mix._C",
-        sources=["csrc/torch_ops.cpp"] + sorted(glob.glob("csrc/cuda/*.cu")),
+        sources=_torch_sources(cuda=True) + sorted(glob.glob("csrc/cuda/*.cu")),
         include_dirs=[os.path.join(ROOT, "csrc", "include")],
         define_macros=[("FP8MIX_WITH_CUDA", None)],
         extra_objects=[CORE_LIB],
@@ -142,10 +148,10 @@ def _cuda_ext():
 
 
 def _openmp_flags():
-    """-fopenmp for torch_ops.cpp where torch runs its intra-op threads on OpenMP and the
-    C++ compiler is GCC: at::parallel_for, which hands the C core's parallel loops to
-    torch's threads, is an OpenMP pragma compiled into this file (without the flag it runs
-    serially).  Compile flag only: the GOMP entry points resolve at load time to the
+    """-fopenmp for the op layer (csrc/torch) where torch runs its intra-op threads on OpenMP
+    and the C++ compiler is GCC: at::parallel_for, which hands the C core's parallel loops
+    to torch's threads, is an OpenMP pragma compiled into csrc/torch/module.cpp (without the
+    flag it runs serially).  Compile flag only: the GOMP entry points resolve at load time to the
     OpenMP runtime torch already loaded, so there is one thread pool, not two."""
     if not (sys.platform.startswith("linux") and torch.backends.openmp.is_available()):
         return []
@@ -160,7 +166,7 @@ def _openmp_flags():
 def _cpu_ext():
     return CppExtension(
         name="fp8mix._C",
-        sources=["csrc/torch_ops.cpp"],
+        sources=_torch_sources(cuda=False),
         include_dirs=[os.path.join(ROOT, "csrc", "include")],
         extra_objects=[CORE_LIB],
         extra_compile_args=["-O2", "-fno-fast-math"] + _openmp_flags(),

@@ -1,10 +1,15 @@
 /*
- * mm_layout.c — the layout rules of cuBLASLt's FP8 matmul as one checked,
- * host-only function (fp8mix_mm_layout_plan; the rules R1-R9 are listed in
- * fp8mix.h).  Plain C with no CUDA headers, so every build compiles it and the CPU
+ * mm_layout.c — layout decisions on sizes and strides, as checked host-only
+ * functions: the layout rules of cuBLASLt's FP8 matmul (fp8mix_mm_layout_plan;
+ * the rules R1-R9 are listed in fp8mix.h), and the torch layer's own choices
+ * (fp8mix_gemm_operand_layout: how fp8mix_gemm reads two strided operands;
+ * fp8mix_mm_scale_kinds: each operand's scale kind, stated or inferred from the
+ * shapes; fp8mix_quantize_current_read: a 1x128-block cast read through its
+ * transpose).  Plain C with no CUDA headers, so every build compiles it and the CPU
  * tests exercise it with the shapes fp8mix's modules produce; the CUDA op
- * (csrc/cuda/scaled_mm.cu) only carries a plan out.
- * Not here: anything that touches memory (the plan reads no data).
+ * (csrc/cuda/scaled_mm.cu) only carries a plan out, csrc/torch only converts
+ * tensors to these arguments and error codes to messages.
+ * Not here: anything that touches memory (no function here reads data).
  */
 #include <string.h>
 
@@ -169,5 +174,127 @@ fp8mix_status fp8mix_mm_layout_plan(const fp8mix_mm_problem *p, fp8mix_mm_plan *
     plan_output(p, pl);
     pl->fast_accum = p->fast_accum && !block;
     plan_scratch(p, pl);
+    return FP8MIX_OK;
+}
+
+/* ---- the op layer's decisions (fp8mix.h: "the op layer's GEMM and cast decisions") ---- */
+
+static int strided_ok(const fp8mix_strided2d *t)
+{
+    return t->rows >= 0 && t->cols >= 0 && t->stride0 >= 0 && t->stride1 >= 0;
+}
+
+fp8mix_status fp8mix_gemm_operand_layout(const fp8mix_strided2d *a, const fp8mix_strided2d *b,
+                                         fp8mix_gemm_operands *out)
+{
+    if (!a || !b || !out) return FP8MIX_ERR_NULL_POINTER;
+    memset(out, 0, sizeof *out);
+    if (!strided_ok(a) || !strided_ok(b) || a->cols != b->rows) return FP8MIX_ERR_BAD_SHAPE;
+    const int64_t m = a->rows, k = a->cols, n = b->cols;
+    /* A: row-major (M, K), or column-major (a transposed view, wgrad's dy^T): read in place */
+    if (a->stride1 == 1 && (m <= 1 || a->stride0 >= k)) {
+        out->a_layout = FP8MIX_A_MK;
+        out->lda = (m > 1 && k > 0) ? a->stride0 : (k > 0 ? k : 1);
+    } else if (m > 1 && k > 1 && a->stride0 == 1 && a->stride1 >= m) {
+        out->a_layout = FP8MIX_A_KM;
+        out->lda = a->stride1;
+    } else {
+        out->a_layout = FP8MIX_A_MK;
+        out->lda = k > 0 ? k : 1;
+        out->copy_a = 1;
+    }
+    /* B: column-major (K, N) is the transposed row-major weight torch._scaled_mm
+     * wants; row-major (K, N) is read in place too */
+    if (b->stride0 == 1 && (n <= 1 || b->stride1 >= k) && k > 0) {
+        out->b_layout = FP8MIX_B_NK;
+        out->ldb = n > 1 ? b->stride1 : k;
+    } else if (b->stride1 == 1 && (k <= 1 || b->stride0 >= n) && n > 0) {
+        out->b_layout = FP8MIX_B_KN;
+        out->ldb = k > 1 ? b->stride0 : n;
+    } else {
+        out->b_layout = FP8MIX_B_KN;
+        out->ldb = n > 0 ? n : 1;
+        out->copy_b = 1;
+    }
+    return FP8MIX_OK;
+}
+
+static int given_ok(const fp8mix_mm_scale_given *g)
+{
+    return g->dim >= 0 && g->numel >= 0 && (g->dim != 2 || (g->rows >= 0 && g->cols >= 0));
+}
+
+/* One operand's kind (outer: M for a, N for b); is_a picks the OUTER layout. */
+static fp8mix_mm_scale_error operand_kind(const fp8mix_mm_scale_given *g, int64_t outer, int is_a, int block_mode,
+                                          fp8mix_mm_backend backend, fp8mix_mm_scale *kind)
+{
+    const int tensor = g->numel == 1 && g->dim <= 2;
+    const int outer_ok = g->dim == 2 && (is_a ? (g->rows == outer && g->cols == 1) : (g->rows == 1 && g->cols == outer));
+    if (g->kind == FP8MIX_MM_SCALE_MX) { /* (outer, ceil(K/32)) on either side: K blocks are the pair's check */
+        if (backend != FP8MIX_MM_BACKEND_CPU) return FP8MIX_MM_SCALE_NO_MX;
+        if (!(g->dim == 2 && g->rows == outer)) return FP8MIX_MM_SCALE_NOT_KIND;
+        *kind = FP8MIX_MM_SCALE_MX;
+        return FP8MIX_MM_SCALE_FITS;
+    }
+    if (g->kind >= 0) {
+        if (g->kind > FP8MIX_MM_SCALE_BLOCK) return FP8MIX_MM_SCALE_BAD_KIND;
+        const int ok = g->kind == FP8MIX_MM_SCALE_TENSOR ? tensor
+                       : g->kind == FP8MIX_MM_SCALE_OUTER ? outer_ok
+                                                          : block_mode;
+        if (!ok) return FP8MIX_MM_SCALE_NOT_KIND;
+        *kind = (fp8mix_mm_scale)g->kind;
+        return FP8MIX_MM_SCALE_FITS;
+    }
+    if (block_mode) *kind = FP8MIX_MM_SCALE_BLOCK;
+    else if (tensor) *kind = FP8MIX_MM_SCALE_TENSOR;
+    else if (outer_ok) *kind = FP8MIX_MM_SCALE_OUTER;
+    else return FP8MIX_MM_SCALE_NO_FIT;
+    return FP8MIX_MM_SCALE_FITS;
+}
+
+fp8mix_status fp8mix_mm_scale_kinds(const fp8mix_mm_scale_query *q, fp8mix_mm_scale_choice *out)
+{
+    if (!q || !out) return FP8MIX_ERR_NULL_POINTER;
+    memset(out, 0, sizeof *out);
+    if (q->backend != FP8MIX_MM_BACKEND_CPU && q->backend != FP8MIX_MM_BACKEND_CUBLASLT) return FP8MIX_ERR_BAD_ENUM;
+    if (q->m < 0 || q->n < 0 || q->k < 0 || !given_ok(&q->a) || !given_ok(&q->b)) return FP8MIX_ERR_BAD_SHAPE;
+    const fp8mix_mm_scale_given *a = &q->a, *b = &q->b;
+    if ((a->kind < 0) != (b->kind < 0)) {
+        out->pair = FP8MIX_MM_SCALE_HALF_GIVEN;
+        return FP8MIX_ERR_BAD_ARG;
+    }
+    const int64_t kb = cdiv64(q->k, FP8MIX_BLOCK), nb = cdiv64(q->n, FP8MIX_BLOCK);
+    const int block_shapes = a->dim == 2 && b->dim == 2 && a->rows == q->m && a->cols == kb && b->rows == kb &&
+                             b->cols == nb;
+    const int block_mode = a->kind >= 0 ? a->kind == FP8MIX_MM_SCALE_BLOCK && block_shapes
+                                        : block_shapes && !(a->numel == 1 && b->numel == 1);
+    out->err_a = operand_kind(a, q->m, 1, block_mode, q->backend, &out->kind_a);
+    out->err_b = operand_kind(b, q->n, 0, block_mode, q->backend, &out->kind_b);
+    if (out->err_a != FP8MIX_MM_SCALE_FITS || out->err_b != FP8MIX_MM_SCALE_FITS) return FP8MIX_ERR_BAD_ARG;
+    if (out->kind_a == FP8MIX_MM_SCALE_MX || out->kind_b == FP8MIX_MM_SCALE_MX) {
+        const int64_t k32 = cdiv64(q->k, 32);
+        if (!(out->kind_a == out->kind_b && a->cols == k32 && b->cols == k32)) {
+            out->pair = FP8MIX_MM_SCALE_MX_PAIR;
+            return FP8MIX_ERR_BAD_ARG;
+        }
+    }
+    return FP8MIX_OK;
+}
+
+fp8mix_status fp8mix_quantize_current_read(int64_t ndim, const fp8mix_strided2d *x, int64_t gran,
+                                           unsigned outputs, fp8mix_quantize_read *out)
+{
+    if (!out || (ndim == 2 && !x)) return FP8MIX_ERR_NULL_POINTER;
+    memset(out, 0, sizeof *out);
+    if (ndim < 0 || (ndim == 2 && !strided_ok(x))) return FP8MIX_ERR_BAD_SHAPE;
+    /* x = y.t() with y row-major: block scaling's wgrad operands x^T and dy^T,
+     * whose 1x128 tiles run down y's columns, read without a contiguous copy */
+    if (gran == FP8MIX_GRAN_BLOCK && outputs == FP8MIX_OUT_Q && ndim == 2 && x->rows > 1 && x->cols > 1 &&
+        x->stride0 == 1 && x->stride1 >= x->rows) {
+        out->source = FP8MIX_READ_TRANSPOSED;
+        out->rows = x->cols;
+        out->cols = x->rows;
+        out->ld = x->stride1;
+    }
     return FP8MIX_OK;
 }

@@ -772,6 +772,146 @@ fp8mix_status fp8mix_mm_layout_plan(const fp8mix_mm_problem *p, fp8mix_mm_plan *
 /* A static English sentence for a rule (never NULL). */
 const char *fp8mix_mm_rule_string(fp8mix_mm_rule r);
 
+/* ---- the op layer's GEMM and cast decisions, as plain functions -----------
+ *
+ * What the torch layer (csrc/torch) decides from sizes and strides before it
+ * calls a kernel, stated here so that every decision has one copy, in C, with
+ * C tests: how fp8mix_gemm reads two strided operands (in place, or a dense
+ * copy first), which scale layout each operand of a scaled GEMM has (stated by
+ * the caller or inferred from the scale arrays' shapes), and whether a current-
+ * scaling 1x128-block cast reads its input through its transpose.  They read no
+ * data and allocate nothing; every one returns a status and writes only *out.
+ * The caller turns tensors into these arguments (sizes, strides and dims as
+ * torch reports them) and an error code into its own message.
+ */
+
+/* A strided 2-D array: element (i, j) is at base + i * stride0 + j * stride1
+ * (element strides; torch's t.stride(0), t.stride(1)). */
+typedef struct fp8mix_strided2d {
+    int64_t rows, cols;        /* >= 0 */
+    int64_t stride0, stride1;  /* >= 0 (0: a broadcast dimension) */
+} fp8mix_strided2d;
+
+/* How fp8mix_gemm reads a and b (fp8mix_gemm_args' a_layout, lda, b_layout,
+ * ldb).  copy_a / copy_b == 1: the operand cannot be read in place; the caller
+ * passes a dense row-major copy, for which the layout and leading dimension
+ * here are already set. */
+typedef struct fp8mix_gemm_operands {
+    fp8mix_a_layout a_layout;
+    int64_t lda;
+    int copy_a;
+    fp8mix_b_layout b_layout;
+    int64_t ldb;
+    int copy_b;
+} fp8mix_gemm_operands;
+
+/* The layouts of a (M x K) and b (K x N) for fp8mix_gemm, read in place when
+ * their rows (or columns) do not overlap.  Each operand's rules are tried in
+ * this order; the first that fits wins:
+ *   a row-major, stride1 == 1 and (M <= 1 or stride0 >= K): FP8MIX_A_MK,
+ *     lda = stride0 when M > 1 and K > 0, else max(K, 1);
+ *   a column-major (a transposed view, wgrad's dy^T), M > 1, K > 1,
+ *     stride0 == 1 and stride1 >= M: FP8MIX_A_KM, lda = stride1;
+ *   b column-major (w.t() of a row-major (N, K) weight), K > 0, stride0 == 1
+ *     and (N <= 1 or stride1 >= K): FP8MIX_B_NK, ldb = stride1 when N > 1,
+ *     else K;
+ *   b row-major, N > 0, stride1 == 1 and (K <= 1 or stride0 >= N):
+ *     FP8MIX_B_KN, ldb = stride0 when K > 1, else N;
+ *   anything else: copy (FP8MIX_A_MK, lda = max(K, 1); FP8MIX_B_KN,
+ *     ldb = max(N, 1)).
+ * Errors: NULL_POINTER; BAD_SHAPE (a negative size or stride, or
+ * a->cols != b->rows). */
+fp8mix_status fp8mix_gemm_operand_layout(const fp8mix_strided2d *a, const fp8mix_strided2d *b,
+                                         fp8mix_gemm_operands *out);
+
+/* The GEMM a scaled_mm call runs on: which scale kinds it takes. */
+typedef enum fp8mix_mm_backend {
+    FP8MIX_MM_BACKEND_CPU = 0,      /* fp8mix_gemm: every fp8mix_mm_scale        */
+    FP8MIX_MM_BACKEND_CUBLASLT = 1  /* fp8mix_cuda_scaled_mm: all but MX         */
+} fp8mix_mm_backend;
+
+/* One operand's scale array as given, and the kind its caller states. */
+typedef struct fp8mix_mm_scale_given {
+    int64_t dim;         /* number of dimensions (>= 0)                        */
+    int64_t numel;       /* number of elements (>= 0)                          */
+    int64_t rows, cols;  /* its sizes when dim == 2 (not read otherwise)       */
+    int64_t kind;        /* an fp8mix_mm_scale, or < 0: infer from the shape   */
+} fp8mix_mm_scale_given;
+
+typedef struct fp8mix_mm_scale_query {
+    int64_t m, n, k;              /* the GEMM's sizes (>= 0)                   */
+    fp8mix_mm_scale_given a, b;   /* scale_a (for A's rows), scale_b (B's columns) */
+    fp8mix_mm_backend backend;
+} fp8mix_mm_scale_query;
+
+typedef enum fp8mix_mm_scale_error {
+    FP8MIX_MM_SCALE_FITS = 0,        /* no error                                    */
+    FP8MIX_MM_SCALE_HALF_GIVEN = 1,  /* one kind stated, the other < 0              */
+    FP8MIX_MM_SCALE_BAD_KIND = 2,    /* a stated kind above FP8MIX_MM_SCALE_MX      */
+    FP8MIX_MM_SCALE_NO_MX = 3,       /* MX stated for a backend without MX          */
+    FP8MIX_MM_SCALE_NOT_KIND = 4,    /* the array is not the stated kind's layout   */
+    FP8MIX_MM_SCALE_NO_FIT = 5,      /* nothing stated; the shape fits no kind      */
+    FP8MIX_MM_SCALE_MX_PAIR = 6      /* MX on one operand only, or either array not
+                                        ceil(K/32) blocks along K                  */
+} fp8mix_mm_scale_error;
+
+/* The decision.  The errors come in the order a caller reports them (its own
+ * per-operand checks, e.g. dtype and device, go before err_a and err_b):
+ * pair == HALF_GIVEN first (then nothing else is decided), err_a, err_b, then
+ * pair == MX_PAIR (decided only when both operands fit). */
+typedef struct fp8mix_mm_scale_choice {
+    fp8mix_mm_scale kind_a, kind_b;       /* valid where err_a / err_b is FITS   */
+    fp8mix_mm_scale_error err_a, err_b;   /* BAD_KIND, NO_MX, NOT_KIND, NO_FIT   */
+    fp8mix_mm_scale_error pair;           /* HALF_GIVEN or MX_PAIR               */
+} fp8mix_mm_scale_choice;
+
+/* The scale kinds of a scaled GEMM (kb = ceil(K/128), nb = ceil(N/128)).
+ * "Block shapes": scale_a (M, kb) and scale_b (kb, nb), both 2-D.
+ * Block mode: with stated kinds, kind_a == BLOCK and block shapes; inferred,
+ * block shapes unless both arrays hold one value.
+ * Per operand (outer = M for a, N for b):
+ *   stated MX: NO_MX on a backend without MX; the array must be 2-D with
+ *     outer rows (its K blocks are checked with the pair), else NOT_KIND;
+ *   stated 0..2: the array must have the kind's layout: TENSOR one value
+ *     (dim <= 2), OUTER a (M, 1) / b (1, N), BLOCK block mode; else NOT_KIND;
+ *     a stated kind above MX is BAD_KIND;
+ *   inferred: BLOCK in block mode, else TENSOR for one value (dim <= 2), else
+ *     OUTER for (M, 1) / (1, N), else NO_FIT.
+ * Pair: either kind MX needs both MX with ceil(K/32) columns each (MX_PAIR).
+ * A stated BLOCK partnered with another kind is not refused here (the GEMM
+ * refuses the mix).  OK when everything fits, BAD_ARG when any error field is
+ * set; NULL_POINTER, BAD_ENUM (backend), BAD_SHAPE (a negative size). */
+fp8mix_status fp8mix_mm_scale_kinds(const fp8mix_mm_scale_query *q, fp8mix_mm_scale_choice *out);
+
+/* Which outputs a cast writes (flags, or'ed). */
+typedef enum fp8mix_cast_outputs {
+    FP8MIX_OUT_Q = 1,   /* q, x's shape               */
+    FP8MIX_OUT_QT = 2   /* qt, x's transpose as 2-D    */
+} fp8mix_cast_outputs;
+
+typedef enum fp8mix_quantize_source {
+    FP8MIX_READ_ROWS = 0,       /* fp8mix_quantize_current on x's row-major 2-D view */
+    FP8MIX_READ_TRANSPOSED = 1  /* fp8mix_quantize_current_t on y, where x = y^T */
+} fp8mix_quantize_source;
+
+typedef struct fp8mix_quantize_read {
+    fp8mix_quantize_source source;
+    int64_t rows, cols, ld;  /* READ_TRANSPOSED: fp8mix_quantize_current_t's rows,
+                                cols and ld_x (y's: x's cols, x's rows, x's
+                                stride1); READ_ROWS: 0 */
+} fp8mix_quantize_read;
+
+/* How current scaling reads x (ndim dimensions; *x its sizes and strides when
+ * ndim == 2, not read otherwise): through its transpose y, with no contiguous
+ * copy of x, when gran is FP8MIX_GRAN_BLOCK, outputs is exactly FP8MIX_OUT_Q
+ * and x = y^T of a row-major y (ndim 2, both sizes > 1, stride0 == 1 and
+ * stride1 >= rows); by rows otherwise.  gran is an fp8mix_granularity value
+ * as the caller got it, only compared (the cast itself checks it; any other
+ * value reads by rows).  Errors: NULL_POINTER; BAD_SHAPE (ndim 2 with a negative size
+ * or stride, or ndim < 0). */
+fp8mix_status fp8mix_quantize_current_read(int64_t ndim, const fp8mix_strided2d *x, int64_t gran,
+                                           unsigned outputs, fp8mix_quantize_read *out);
+
 /* ---- fused producer casts: a norm or an activation written as FP8 ---------
  *
  * A GEMM's FP8 input made by the op that produces it, in the same pass:

@@ -5,7 +5,9 @@
  * the module passes today (row-major b in dgrad / wgrad) and with the FP8
  * transposes (column-major b everywhere); then every refusal and bad-input rule.
  * Expected values are written from the cuBLAS documentation's rules (fp8mix.h,
- * R1-R9), not read back from the plan. */
+ * R1-R9), not read back from the plan.  Then the op layer's decisions beside it:
+ * fp8mix_gemm_operand_layout (every layout rule and the copies), fp8mix_mm_scale_kinds
+ * (each kind stated and inferred, each error) and fp8mix_quantize_current_read. */
 #include <string.h>
 
 #include "check.h"
@@ -191,6 +193,248 @@ static void check_bad_input(void)
     CHECK(!fp8mix_mm_layout_plan(&p, &pl) && pl.copy_a == FP8MIX_MM_COPY_PAD, "misaligned a copied");
 }
 
+/* ---- the op layer's decisions: operand layouts, scale kinds, the quantize source ---- */
+
+static fp8mix_strided2d sd(int64_t rows, int64_t cols, int64_t s0, int64_t s1)
+{
+    fp8mix_strided2d t = {rows, cols, s0, s1};
+    return t;
+}
+
+/* a (M x K) with strides (sa0, sa1) against a contiguous column-major b. */
+static void check_a(const char *what, int64_t m, int64_t k, int64_t s0, int64_t s1, fp8mix_a_layout layout,
+                    int64_t lda, int copy)
+{
+    fp8mix_strided2d a = sd(m, k, s0, s1), b = sd(k, 4, 1, k > 0 ? k : 1);
+    fp8mix_gemm_operands o;
+    fp8mix_status st = fp8mix_gemm_operand_layout(&a, &b, &o);
+    CHECK(st == FP8MIX_OK && o.a_layout == layout && o.lda == lda && o.copy_a == copy,
+          "a %s: status %d layout %d lda %lld copy %d", what, (int)st, (int)o.a_layout, (long long)o.lda, o.copy_a);
+}
+
+/* b (K x N) with strides (s0, s1) against a contiguous row-major a. */
+static void check_b(const char *what, int64_t k, int64_t n, int64_t s0, int64_t s1, fp8mix_b_layout layout,
+                    int64_t ldb, int copy)
+{
+    fp8mix_strided2d a = sd(3, k, k > 0 ? k : 1, 1), b = sd(k, n, s0, s1);
+    fp8mix_gemm_operands o;
+    fp8mix_status st = fp8mix_gemm_operand_layout(&a, &b, &o);
+    CHECK(st == FP8MIX_OK && o.b_layout == layout && o.ldb == ldb && o.copy_b == copy,
+          "b %s: status %d layout %d ldb %lld copy %d", what, (int)st, (int)o.b_layout, (long long)o.ldb, o.copy_b);
+}
+
+static void check_operand_layout(void)
+{
+    check_a("row-major", 4, 8, 8, 1, FP8MIX_A_MK, 8, 0);
+    check_a("row-major, padded rows", 4, 8, 16, 1, FP8MIX_A_MK, 16, 0);
+    check_a("one row, any row stride", 1, 8, 3, 1, FP8MIX_A_MK, 8, 0);
+    check_a("one row of a broadcast", 1, 8, 0, 1, FP8MIX_A_MK, 8, 0);
+    check_a("K = 0", 3, 0, 1, 1, FP8MIX_A_MK, 1, 0);
+    check_a("column-major (dy^T)", 4, 8, 1, 4, FP8MIX_A_KM, 4, 0);
+    check_a("column-major, padded columns", 4, 8, 1, 6, FP8MIX_A_KM, 6, 0);
+    check_a("column-major with K = 1 is copied", 4, 1, 1, 4, FP8MIX_A_MK, 1, 1);
+    check_a("overlapping rows copied", 4, 8, 2, 1, FP8MIX_A_MK, 8, 1);
+    check_a("broadcast rows copied", 3, 4, 0, 1, FP8MIX_A_MK, 4, 1);
+    check_a("overlapping columns copied", 4, 8, 1, 3, FP8MIX_A_MK, 8, 1);
+    check_a("neither layout copied", 4, 8, 16, 2, FP8MIX_A_MK, 8, 1);
+
+    check_b("column-major (w.t())", 8, 4, 1, 8, FP8MIX_B_NK, 8, 0);
+    check_b("column-major, padded", 8, 4, 1, 10, FP8MIX_B_NK, 10, 0);
+    check_b("one column", 8, 1, 1, 5, FP8MIX_B_NK, 8, 0);
+    check_b("row-major", 8, 4, 4, 1, FP8MIX_B_KN, 4, 0);
+    check_b("row-major, padded", 8, 4, 6, 1, FP8MIX_B_KN, 6, 0);
+    check_b("one row", 1, 4, 4, 1, FP8MIX_B_KN, 4, 0);
+    check_b("one row with unit strides: the first rule wins", 1, 4, 1, 1, FP8MIX_B_NK, 1, 0);
+    check_b("K = 0", 0, 4, 4, 1, FP8MIX_B_KN, 4, 0);
+    check_b("K = 0 and N = 0 copied", 0, 0, 1, 1, FP8MIX_B_KN, 1, 1);
+    check_b("overlapping rows copied", 8, 4, 2, 1, FP8MIX_B_KN, 4, 1);
+    check_b("neither layout copied", 8, 4, 8, 2, FP8MIX_B_KN, 4, 1);
+
+    fp8mix_gemm_operands o;
+    fp8mix_strided2d a = sd(4, 8, 8, 1), b = sd(8, 4, 1, 8);
+    CHECK(fp8mix_gemm_operand_layout(NULL, &b, &o) == FP8MIX_ERR_NULL_POINTER, "NULL a");
+    CHECK(fp8mix_gemm_operand_layout(&a, NULL, &o) == FP8MIX_ERR_NULL_POINTER, "NULL b");
+    CHECK(fp8mix_gemm_operand_layout(&a, &b, NULL) == FP8MIX_ERR_NULL_POINTER, "NULL out");
+    b.rows = 7;
+    CHECK(fp8mix_gemm_operand_layout(&a, &b, &o) == FP8MIX_ERR_BAD_SHAPE, "inner sizes differ");
+    b.rows = 8;
+    a.rows = -1;
+    CHECK(fp8mix_gemm_operand_layout(&a, &b, &o) == FP8MIX_ERR_BAD_SHAPE, "negative size");
+    a.rows = 4;
+    b.stride1 = -8;
+    CHECK(fp8mix_gemm_operand_layout(&a, &b, &o) == FP8MIX_ERR_BAD_SHAPE, "negative stride");
+}
+
+/* A scale array: dim 0 (one value) when rows < 0, else rows x cols. */
+static fp8mix_mm_scale_given sg(int64_t rows, int64_t cols, int64_t kind)
+{
+    fp8mix_mm_scale_given g = {2, rows * cols, rows, cols, kind};
+    if (rows < 0) {
+        g.dim = 0;
+        g.numel = 1;
+        g.rows = g.cols = 0;
+    }
+    return g;
+}
+
+static fp8mix_mm_scale_query sq(int64_t m, int64_t n, int64_t k, fp8mix_mm_scale_given a, fp8mix_mm_scale_given b)
+{
+    fp8mix_mm_scale_query q;
+    memset(&q, 0, sizeof q);
+    q.m = m; q.n = n; q.k = k;
+    q.a = a; q.b = b;
+    q.backend = FP8MIX_MM_BACKEND_CPU;
+    return q;
+}
+
+/* Expect the kinds (when both fit) or the errors. */
+static void expect_kinds(const char *what, fp8mix_mm_scale_query q, fp8mix_mm_scale_error err_a,
+                         fp8mix_mm_scale_error err_b, fp8mix_mm_scale_error pair, fp8mix_mm_scale kind_a,
+                         fp8mix_mm_scale kind_b)
+{
+    fp8mix_mm_scale_choice c;
+    const fp8mix_status st = fp8mix_mm_scale_kinds(&q, &c);
+    const int fine = err_a == FP8MIX_MM_SCALE_FITS && err_b == FP8MIX_MM_SCALE_FITS && pair == FP8MIX_MM_SCALE_FITS;
+    CHECK(st == (fine ? FP8MIX_OK : FP8MIX_ERR_BAD_ARG), "%s: status %d", what, (int)st);
+    CHECK(c.err_a == err_a && c.err_b == err_b && c.pair == pair, "%s: errors %d %d %d", what, (int)c.err_a,
+          (int)c.err_b, (int)c.pair);
+    if (err_a == FP8MIX_MM_SCALE_FITS && pair != FP8MIX_MM_SCALE_HALF_GIVEN)
+        CHECK(c.kind_a == kind_a, "%s: kind_a %d, want %d", what, (int)c.kind_a, (int)kind_a);
+    if (err_b == FP8MIX_MM_SCALE_FITS && pair != FP8MIX_MM_SCALE_HALF_GIVEN)
+        CHECK(c.kind_b == kind_b, "%s: kind_b %d, want %d", what, (int)c.kind_b, (int)kind_b);
+}
+
+static void check_scale_kinds(void)
+{
+    /* M 256, N 384, K 300: ceil(K/128) = 3, ceil(N/128) = 3, ceil(K/32) = 10 */
+    const int64_t M = 256, N = 384, K = 300;
+    const fp8mix_mm_scale_error F = FP8MIX_MM_SCALE_FITS;
+    const fp8mix_mm_scale T = FP8MIX_MM_SCALE_TENSOR, O = FP8MIX_MM_SCALE_OUTER, B = FP8MIX_MM_SCALE_BLOCK,
+                          X = FP8MIX_MM_SCALE_MX;
+    /* inferred from the shapes */
+    expect_kinds("inferred tensor", sq(M, N, K, sg(-1, 0, -1), sg(-1, 0, -1)), F, F, F, T, T);
+    expect_kinds("inferred tensor, (1, 1) arrays", sq(M, N, K, sg(1, 1, -1), sg(1, 1, -1)), F, F, F, T, T);
+    expect_kinds("one value each is per tensor even in block shapes", sq(1, 100, 100, sg(1, 1, -1), sg(1, 1, -1)),
+                 F, F, F, T, T);
+    expect_kinds("inferred outer", sq(M, N, K, sg(M, 1, -1), sg(1, N, -1)), F, F, F, O, O);
+    expect_kinds("inferred outer with a tensor partner", sq(M, N, K, sg(M, 1, -1), sg(-1, 0, -1)), F, F, F, O, T);
+    expect_kinds("inferred block", sq(M, N, K, sg(M, 3, -1), sg(3, 3, -1)), F, F, F, B, B);
+    expect_kinds("any negative kind infers", sq(M, N, K, sg(M, 3, -7), sg(3, 3, -2)), F, F, F, B, B);
+    expect_kinds("block a without a block b fits nothing", sq(M, N, K, sg(M, 3, -1), sg(-1, 0, -1)),
+                 FP8MIX_MM_SCALE_NO_FIT, F, F, T, T);
+    expect_kinds("b as a column fits nothing", sq(M, N, K, sg(M, 1, -1), sg(N, 1, -1)), F, FP8MIX_MM_SCALE_NO_FIT, F,
+                 O, T);
+    expect_kinds("both fit nothing", sq(M, N, K, sg(2, 2, -1), sg(2, 2, -1)), FP8MIX_MM_SCALE_NO_FIT,
+                 FP8MIX_MM_SCALE_NO_FIT, F, T, T);
+    fp8mix_mm_scale_query q = sq(M, N, K, sg(-1, 0, -1), sg(-1, 0, -1));
+    q.a.dim = 3; /* one value in a 3-D array is no per-tensor scale */
+    expect_kinds("a 3-D single value fits nothing", q, FP8MIX_MM_SCALE_NO_FIT, F, F, T, T);
+    q.a.dim = 1;
+    expect_kinds("a 1-D single value is per tensor", q, F, F, F, T, T);
+    /* stated */
+    expect_kinds("stated tensor", sq(M, N, K, sg(-1, 0, 0), sg(1, 1, 0)), F, F, F, T, T);
+    expect_kinds("stated tensor, row scales given", sq(M, N, K, sg(M, 1, 0), sg(-1, 0, 0)), FP8MIX_MM_SCALE_NOT_KIND,
+                 F, F, T, T);
+    expect_kinds("stated outer", sq(M, N, K, sg(M, 1, 1), sg(1, N, 1)), F, F, F, O, O);
+    expect_kinds("stated outer, one value given", sq(M, N, K, sg(-1, 0, 1), sg(1, N, 1)), FP8MIX_MM_SCALE_NOT_KIND, F,
+                 F, O, O);
+    expect_kinds("stated outer, b transposed", sq(M, N, K, sg(M, 1, 1), sg(N, 1, 1)), F, FP8MIX_MM_SCALE_NOT_KIND, F,
+                 O, O);
+    expect_kinds("stated block", sq(M, N, K, sg(M, 3, 2), sg(3, 3, 2)), F, F, F, B, B);
+    expect_kinds("stated block, a's shape wrong", sq(M, N, K, sg(M, 4, 2), sg(3, 3, 2)), FP8MIX_MM_SCALE_NOT_KIND,
+                 FP8MIX_MM_SCALE_NOT_KIND, F, B, B);
+    expect_kinds("stated block b needs a stated block a", sq(1, 100, 100, sg(1, 1, 0), sg(1, 1, 2)), F,
+                 FP8MIX_MM_SCALE_NOT_KIND, F, T, B);
+    expect_kinds("stated block a with a tensor b is the GEMM's to refuse", sq(1, 100, 100, sg(1, 1, 2), sg(1, 1, 0)),
+                 F, F, F, B, T);
+    expect_kinds("stated kind 4", sq(M, N, K, sg(-1, 0, 4), sg(-1, 0, 0)), FP8MIX_MM_SCALE_BAD_KIND, F, F, T, T);
+    expect_kinds("stated kind 7 on b", sq(M, N, K, sg(-1, 0, 0), sg(-1, 0, 7)), F, FP8MIX_MM_SCALE_BAD_KIND, F, T, T);
+    /* MX */
+    expect_kinds("stated MX", sq(M, N, K, sg(M, 10, 3), sg(N, 10, 3)), F, F, F, X, X);
+    q = sq(M, N, K, sg(M, 10, 3), sg(N, 10, 3));
+    q.backend = FP8MIX_MM_BACKEND_CUBLASLT;
+    expect_kinds("MX on cuBLASLt", q, FP8MIX_MM_SCALE_NO_MX, FP8MIX_MM_SCALE_NO_MX, F, X, X);
+    q = sq(M, N, K, sg(-1, 0, 0), sg(1, N, 1));
+    q.backend = FP8MIX_MM_BACKEND_CUBLASLT;
+    expect_kinds("cuBLASLt takes the other kinds", q, F, F, F, T, O);
+    expect_kinds("stated MX, a's rows wrong", sq(M, N, K, sg(M + 1, 10, 3), sg(N, 10, 3)), FP8MIX_MM_SCALE_NOT_KIND, F,
+                 F, X, X);
+    q = sq(M, N, K, sg(M, 10, 3), sg(N, 10, 3));
+    q.b.dim = 1;
+    expect_kinds("stated MX, b 1-D", q, F, FP8MIX_MM_SCALE_NOT_KIND, F, X, X);
+    expect_kinds("MX a with a tensor b", sq(M, N, K, sg(M, 10, 3), sg(-1, 0, 0)), F, F, FP8MIX_MM_SCALE_MX_PAIR, X, T);
+    expect_kinds("tensor a with an MX b", sq(M, N, K, sg(-1, 0, 0), sg(N, 10, 3)), F, F, FP8MIX_MM_SCALE_MX_PAIR, T, X);
+    expect_kinds("MX a with K/32 + 1 blocks", sq(M, N, K, sg(M, 11, 3), sg(N, 10, 3)), F, F, FP8MIX_MM_SCALE_MX_PAIR,
+                 X, X);
+    expect_kinds("MX b with K/32 - 1 blocks", sq(M, N, K, sg(M, 10, 3), sg(N, 9, 3)), F, F, FP8MIX_MM_SCALE_MX_PAIR,
+                 X, X);
+    /* one kind stated: nothing else decided */
+    expect_kinds("only a stated", sq(M, N, K, sg(-1, 0, 0), sg(-1, 0, -1)), F, F, FP8MIX_MM_SCALE_HALF_GIVEN, T, T);
+    expect_kinds("only b stated (even a bad shape is not looked at)", sq(M, N, K, sg(2, 2, -1), sg(-1, 0, 2)), F, F,
+                 FP8MIX_MM_SCALE_HALF_GIVEN, T, T);
+    /* empty GEMMs still decide: K = 0 gives zero 128-blocks and zero MX blocks */
+    expect_kinds("K = 0, block shapes", sq(4, 4, 0, sg(4, 0, -1), sg(0, 1, -1)), F, F, F, B, B);
+    expect_kinds("K = 0, MX", sq(4, 4, 0, sg(4, 0, 3), sg(4, 0, 3)), F, F, F, X, X);
+    /* bad input */
+    fp8mix_mm_scale_choice c;
+    q = sq(M, N, K, sg(-1, 0, -1), sg(-1, 0, -1));
+    CHECK(fp8mix_mm_scale_kinds(NULL, &c) == FP8MIX_ERR_NULL_POINTER, "NULL query");
+    CHECK(fp8mix_mm_scale_kinds(&q, NULL) == FP8MIX_ERR_NULL_POINTER, "NULL choice");
+    q.backend = (fp8mix_mm_backend)2;
+    CHECK(fp8mix_mm_scale_kinds(&q, &c) == FP8MIX_ERR_BAD_ENUM, "unknown backend");
+    q.backend = FP8MIX_MM_BACKEND_CPU;
+    q.k = -1;
+    CHECK(fp8mix_mm_scale_kinds(&q, &c) == FP8MIX_ERR_BAD_SHAPE, "negative K");
+    q.k = K;
+    q.b.numel = -1;
+    CHECK(fp8mix_mm_scale_kinds(&q, &c) == FP8MIX_ERR_BAD_SHAPE, "negative numel");
+    q.b = sg(3, 3, -1);
+    q.b.rows = -3;
+    CHECK(fp8mix_mm_scale_kinds(&q, &c) == FP8MIX_ERR_BAD_SHAPE, "negative size of a 2-D array");
+    q.b = sg(-1, 0, -1);
+    q.a.dim = -1;
+    CHECK(fp8mix_mm_scale_kinds(&q, &c) == FP8MIX_ERR_BAD_SHAPE, "negative dim");
+}
+
+static void expect_read(const char *what, int64_t ndim, const fp8mix_strided2d *x, int64_t gran,
+                        unsigned outputs, int transposed, int64_t rows, int64_t cols, int64_t ld)
+{
+    fp8mix_quantize_read r;
+    const fp8mix_status st = fp8mix_quantize_current_read(ndim, x, gran, outputs, &r);
+    const fp8mix_quantize_source want = transposed ? FP8MIX_READ_TRANSPOSED : FP8MIX_READ_ROWS;
+    CHECK(st == FP8MIX_OK && r.source == want && r.rows == rows && r.cols == cols && r.ld == ld,
+          "%s: status %d source %d (%lld, %lld, ld %lld)", what, (int)st, (int)r.source, (long long)r.rows,
+          (long long)r.cols, (long long)r.ld);
+}
+
+static void check_quantize_read(void)
+{
+    const int64_t BL = FP8MIX_GRAN_BLOCK;
+    const fp8mix_strided2d yt = sd(5, 8, 1, 5);     /* y (8, 5) row-major, x = y.t() (5, 8) */
+    const fp8mix_strided2d yt_pad = sd(5, 8, 1, 7); /* y with row stride 7 */
+    expect_read("x = y.t()", 2, &yt, BL, FP8MIX_OUT_Q, 1, 8, 5, 5);
+    expect_read("x = y.t(), y's rows padded", 2, &yt_pad, BL, FP8MIX_OUT_Q, 1, 8, 5, 7);
+    expect_read("with qt", 2, &yt, BL, FP8MIX_OUT_Q | FP8MIX_OUT_QT, 0, 0, 0, 0);
+    expect_read("qt only", 2, &yt, BL, FP8MIX_OUT_QT, 0, 0, 0, 0);
+    expect_read("no outputs", 2, &yt, BL, 0, 0, 0, 0, 0);
+    const int64_t others[] = {FP8MIX_GRAN_TENSOR, FP8MIX_GRAN_ROW, FP8MIX_GRAN_BLOCK2D, FP8MIX_GRAN_MX, 9, -2};
+    for (int i = 0; i < 6; i++) expect_read("another granularity", 2, &yt, others[i], FP8MIX_OUT_Q, 0, 0, 0, 0);
+    expect_read("3-D (its sizes are not read)", 3, NULL, BL, FP8MIX_OUT_Q, 0, 0, 0, 0);
+    expect_read("1-D", 1, NULL, BL, FP8MIX_OUT_Q, 0, 0, 0, 0);
+    const fp8mix_strided2d one_row = sd(1, 8, 1, 1), one_col = sd(5, 1, 1, 5), rowmajor = sd(5, 8, 8, 1),
+                           overlap = sd(5, 8, 1, 4);
+    expect_read("one row", 2, &one_row, BL, FP8MIX_OUT_Q, 0, 0, 0, 0);
+    expect_read("one column", 2, &one_col, BL, FP8MIX_OUT_Q, 0, 0, 0, 0);
+    expect_read("row-major x", 2, &rowmajor, BL, FP8MIX_OUT_Q, 0, 0, 0, 0);
+    expect_read("overlapping columns", 2, &overlap, BL, FP8MIX_OUT_Q, 0, 0, 0, 0);
+    fp8mix_quantize_read r;
+    const fp8mix_strided2d neg = sd(5, 8, 1, -5);
+    CHECK(fp8mix_quantize_current_read(2, &yt, BL, FP8MIX_OUT_Q, NULL) == FP8MIX_ERR_NULL_POINTER, "NULL out");
+    CHECK(fp8mix_quantize_current_read(2, NULL, BL, FP8MIX_OUT_Q, &r) == FP8MIX_ERR_NULL_POINTER, "2-D, NULL x");
+    CHECK(fp8mix_quantize_current_read(-1, NULL, BL, FP8MIX_OUT_Q, &r) == FP8MIX_ERR_BAD_SHAPE, "negative ndim");
+    CHECK(fp8mix_quantize_current_read(2, &neg, BL, FP8MIX_OUT_Q, &r) == FP8MIX_ERR_BAD_SHAPE, "negative stride");
+}
+
 int main(void)
 {
     const int64_t ms[] = {1, 77, 128, 4096}, nk[] = {16, 48, 144, 4096, 11008};
@@ -204,5 +448,8 @@ int main(void)
     check_outer();
     check_refusals();
     check_bad_input();
+    check_operand_layout();
+    check_scale_kinds();
+    check_quantize_read();
     return check_report("test_mm_layout");
 }
