@@ -21,6 +21,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import sqnr_db
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 import fp8mix
@@ -30,14 +31,7 @@ RECIPES = {"delayed": lambda: DelayedScaling(amax_history_len=4), "current": Cur
 H, FFN, NP, S, B = 64, 128, 4, 10, 3
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)
-
-
-def sqnr_db(ref, out) -> float:
-    ref, err = ref.detach().double(), out.detach().double() - ref.detach().double()
-    return 10 * math.log10(float(ref.pow(2).sum()) / float(err.pow(2).sum()))
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny problems: one thread is fastest
 
 
 def make(seed=0, **kw):
