@@ -37,12 +37,7 @@ RECIPES = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _one_thread_no_stale_counts():
-    # Tiny GEMMs: one thread is fastest, and immune to other processes on the machine
-    # (conftest puts the thread count back after the test).
-    torch.set_num_threads(1)
-    yield
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny problems: one thread is fastest
 
 
 def _mlp(bias=True):

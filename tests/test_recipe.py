@@ -34,9 +34,7 @@ DT = {Format.E4M3: torch.float8_e4m3fn, Format.E5M2: torch.float8_e5m2}
 ROLES = ("input", "weight", "grad_output")
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)  # conftest restores it; a loaded 2-core box runs 1 thread faster
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny problems: one thread is fastest
 
 
 # --------------------------------------------------------------------------------------
