@@ -35,6 +35,7 @@ import time
 
 import pytest
 import torch
+from helpers import fp8_state
 
 WORLD = 2
 STEPS = 6
@@ -93,18 +94,13 @@ def train(model, params, recipe_name, rank=None, steps=STEPS, first_state=None):
         opt.step()
         losses.append(loss.detach())
         if first_state is not None and step == 0:
-            first_state.append(_fp8_state(model.module if hasattr(model, "module") else model))
+            first_state.append(fp8_state(model.module if hasattr(model, "module") else model))
     return losses
 
 
 # --------------------------------------------------------------------------------------
 # worker (this file as a script)
 # --------------------------------------------------------------------------------------
-def _fp8_state(module):
-    sd = module.state_dict()
-    return {k: v.clone() for k, v in sd.items() if k.rsplit(".", 1)[-1].startswith("fp8_")}
-
-
 def _global_losses(losses):
     import torch.distributed as dist
     t = torch.stack(losses)
@@ -122,7 +118,7 @@ def _run_ddp(rank, recipe_name):
         "losses": _global_losses(losses),
         "fp8_first": first[0],
         "params": {k: v.detach().clone() for k, v in model.named_parameters()},
-        "fp8": _fp8_state(model),
+        "fp8": fp8_state(model),
     }
 
 
@@ -137,7 +133,7 @@ def _run_fsdp2(rank, recipe_name):
     full = {}
     for k, v in model.named_parameters():
         full[k] = v.full_tensor().detach().clone() if hasattr(v, "full_tensor") else v.detach().clone()
-    return {"losses": _global_losses(losses), "params": full, "fp8": _fp8_state(model)}
+    return {"losses": _global_losses(losses), "params": full, "fp8": fp8_state(model)}
 
 
 def _worker(rank, port, out_dir):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from helpers import OpNames
 
 import fp8mix
 from fp8mix import ops
@@ -164,16 +164,6 @@ def test_one_op_casts_opcheck_and_errors():
         R.linear_delayed_casts(x, w, *_state(), -1, 16, E4, E4, E5)
 
 
-class _Ops(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.names: list = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names.append(func.overloadpacket.__name__)
-        return func(*args, **(kwargs or {}))
-
-
 class _Count:
     """Counts the fp8mix ops a step runs without a TorchDispatchMode (which would select the
     separate ops: fp8mix.nn._forward runs those under any dispatch mode), and which of them
@@ -207,7 +197,7 @@ class _Count:
 
 def test_a_dispatch_mode_sees_the_separate_ops():
     lin, x = fp8mix.Linear(32, 32), torch.randn(8, 32, requires_grad=True)
-    with _Ops() as seen:
+    with OpNames() as seen:
         with fp8mix.fp8_autocast(fp8_recipe=DelayedScaling()):
             y = lin(x)
         y.sum().backward()
@@ -319,7 +309,7 @@ def test_direct_calls_refuse_wrapped_tensors_and_raise_the_ops_errors():
     assert ops.direct_ok()  # outside any mode or transform
     with FakeTensorMode():
         assert not ops.direct_ok()
-    with _Ops():
+    with OpNames():
         assert not ops.direct_ok()
     assert torch.func.vmap(lambda t: t * ops.direct_ok())(torch.ones(2, 2)).sum() == 0  # a transform: False
     x = torch.randn(8, 32)
