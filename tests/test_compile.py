@@ -81,17 +81,19 @@ def _check_compile(recipe, where, backend):
         target, run_eager = model, eager
     compiled = torch.compile(target, fullgraph=True, backend=backend)
 
+    def run(fn, x):  # fn(x) under the recipe: fn's own fp8_autocast, or one around the call
+        if where == "autocast_inside":
+            return fn(x)
+        with fp8_autocast(fp8_recipe=rec):
+            return fn(x)
+
     torch.manual_seed(61)
     for step in range(3):
         x = torch.randn(8, 32) * (1 + step)
         g = torch.randn(8, 16)
         xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
         try:
-            if where == "autocast_inside":
-                yc = compiled(xc)
-            else:
-                with fp8_autocast(fp8_recipe=rec):
-                    yc = compiled(xc)
+            yc = run(compiled, xc)
             yc.backward(g)
         except Exception as e:  # noqa: BLE001
             torch._dynamo.reset()
@@ -104,11 +106,7 @@ def _check_compile(recipe, where, backend):
                 why = _explain(f, x)
             pytest.fail(f"torch.compile(fullgraph=True) failed at step {step}: {type(e).__name__}: "
                         f"{str(e).splitlines()[0][:300]}\n  dynamo.explain: {why}")
-        if where == "autocast_inside":
-            ye = run_eager(xe)
-        else:
-            with fp8_autocast(fp8_recipe=rec):
-                ye = run_eager(xe)
+        ye = run(run_eager, xe)
         ye.backward(g)
         assert same(yc, ye), f"step {step}: output differs"
         assert same(xc.grad, xe.grad), f"step {step}: input grad differs"
