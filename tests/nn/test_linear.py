@@ -572,7 +572,7 @@ def test_bad_input(recipe):
             lin(torch.ones(4, 32, dtype=torch.int64))
         with pytest.raises(TypeError):
             lin(torch.ones(4, 32, dtype=torch.int8))
-        with pytest.raises((ValueError, RuntimeError, NotImplementedError), match="meta"):
+        with pytest.raises(ValueError, match="input is on meta, weight on cpu"):
             lin(torch.randn(4, 32, device="meta"))
     assert int(lin.fp8_steps.sum()) == 0  # nothing recorded by rejected calls
 
@@ -664,7 +664,7 @@ def test_non_finite_input_or_weight_gives_non_finite_output(recipe, where):
         y = lin(x)
     assert not torch.isfinite(ref).all()
     assert not torch.isfinite(y).all(), "the non-finite value vanished in the FP8 cast"
-    assert torch.isfinite(y[torch.isfinite(ref)]).float().mean() > 0.5 or recipe != "block"
+    assert torch.equal(torch.isfinite(y), torch.isfinite(ref))  # non-finite exactly where nn.Linear's is
 
 
 # --------------------------------------------------------------------------------------
