@@ -217,10 +217,10 @@ def _single_process(recipe_name):
 def test_ddp_ranks_identical(runs, recipe):
     r0, r1 = _get(runs, f"ddp_{recipe}")
     assert r0["fp8"].keys() == r1["fp8"].keys()
+    assert len(r0["fp8"]) == 21  # 3 layers x (history, scale, steps, grad_pending, grad_slot, rng, auto)
+    for k, v in r0["fp8"].items():
+        assert torch.equal(v, r1["fp8"][k]), f"FP8 state {k} differs between ranks:\n{v}\n{r1['fp8'][k]}"
     if recipe == "delayed":
-        assert len(r0["fp8"]) == 21  # 3 layers x (history, scale, steps, grad_pending, grad_slot, rng, auto)
-        for k, v in r0["fp8"].items():
-            assert torch.equal(v, r1["fp8"][k]), f"FP8 state {k} differs between ranks:\n{v}\n{r1['fp8'][k]}"
         steps = [v for k, v in r0["fp8"].items() if k.endswith("fp8_steps")]
         assert all(s.tolist() == [STEPS, STEPS, STEPS - 1] for s in steps), steps  # the last grad amax pending
         pend = [v for k, v in r0["fp8"].items() if k.endswith("fp8_grad_pending")]
@@ -265,6 +265,7 @@ def test_fsdp2_trains_like_ddp(runs):
     assert all(math.isfinite(v) for v in f0["losses"]), f0["losses"]
     rel = [abs(a - b) / abs(b) for a, b in zip(f0["losses"], d0["losses"])]
     assert max(rel) <= 1e-4, f"FSDP2 losses {f0['losses']}\nDDP losses   {d0['losses']}\nrel {rel}"
+    assert f0["fp8"].keys() == f1["fp8"].keys() and len(f0["fp8"]) == 21
     for k, v in f0["fp8"].items():
         assert torch.equal(v, f1["fp8"][k]), f"FP8 state {k} differs between FSDP2 ranks"
     for k, v in f0["params"].items():
