@@ -50,9 +50,9 @@ def test_autocast_signatures_and_default_recipe():
 
 def test_autocast_non_recipe_raises():
     for bad in ("delayed", DelayedScaling, 3, object()):
-        with pytest.raises(TypeError):
+        with pytest.raises(TypeError, match="must be a DelayedScaling, CurrentScaling, BlockScaling"):
             fp8_autocast(fp8_recipe=bad)
-        with pytest.raises(TypeError):
+        with pytest.raises(TypeError, match="must be a DelayedScaling, CurrentScaling, BlockScaling"):
             fp8mix.autocast(recipe=bad)
 
 

@@ -565,13 +565,13 @@ def test_bad_input(recipe):
     with fp8_autocast(fp8_recipe=RECIPES[recipe]()):
         with pytest.raises(ValueError, match="32"):
             lin(torch.randn(4, 31))
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match=r"shape \(33, 4\), expected \(\.\.\., 32\)"):
             lin(torch.randn(4, 33, 1).squeeze(-1).t().contiguous())  # (33, 4)
         with pytest.raises(TypeError, match="float64"):
             lin(torch.randn(4, 32, dtype=torch.float64))
-        with pytest.raises(TypeError):
+        with pytest.raises(TypeError, match="float32, bfloat16 or float16, got torch.int64"):
             lin(torch.ones(4, 32, dtype=torch.int64))
-        with pytest.raises(TypeError):
+        with pytest.raises(TypeError, match="float32, bfloat16 or float16, got torch.int8"):
             lin(torch.ones(4, 32, dtype=torch.int8))
         with pytest.raises(ValueError, match="input is on meta, weight on cpu"):
             lin(torch.randn(4, 32, device="meta"))
