@@ -10,6 +10,7 @@
 * ``one_thread``: a test file whose problems are tiny runs on one thread with
   ``pytestmark = pytest.mark.usefixtures("one_thread")`` (one thread is fastest, and
   immune to a loaded machine); the count is put back after the test.
+* ``corpus``: a ~28 KB text file in tmp_path for the demo to train on.
 """
 from __future__ import annotations
 
@@ -34,6 +35,8 @@ except Exception as exc:  # pragma: no cover - only when the build is broken
         "pip install --no-build-isolation -e .\n"
     ) from exc
 
+from helpers import write_corpus  # noqa: E402  (after the import check above)
+
 
 @pytest.fixture(autouse=True)
 def _restore_isa_and_threads():
@@ -47,3 +50,9 @@ def _restore_isa_and_threads():
 def one_thread(_restore_isa_and_threads):
     """torch on one thread for this test (after _restore_isa_and_threads noted the count to put back)."""
     torch.set_num_threads(1)
+
+
+@pytest.fixture()
+def corpus(tmp_path):
+    """A ~28 KB text file to train the demo on (helpers.write_corpus)."""
+    return write_corpus(tmp_path / "corpus.txt")

@@ -7,7 +7,9 @@ tests/ on sys.path, also when pytest runs a single file). What is here:
   * sqnr_db: the signal-to-quantization-noise ratio every accuracy bound is written in;
   * make_pair: an nn.Linear and an fp8mix.Linear with the same initial parameters;
   * fp8_state / assert_same_state: a module's FP8 state entries, and their bitwise equality;
-  * OpNames: a dispatch mode that records the name of every op a block runs.
+  * OpNames: a dispatch mode that records the name of every op a block runs;
+  * write_corpus: the demo's training text in the CLI / resume / tools tests (conftest's
+    ``corpus`` fixture writes it into tmp_path).
 
 What is not here: fixtures (tests/conftest.py: one_thread), and the reference computations
 of a single topic (tests/fp8_reference.py, tests/recipes/mx_reference.py, each test file's
@@ -76,3 +78,9 @@ class OpNames(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.names.append(func.overloadpacket.__name__)
         return func(*args, **(kwargs or {}))
+
+
+def write_corpus(path):
+    """Writes a ~28 KB text (600 small Python functions) to path, a pathlib.Path; returns path."""
+    path.write_text("".join(f"def f{i}(x):\n    return x * {i} + {i % 7}  # line {i}\n" for i in range(600)))
+    return path
