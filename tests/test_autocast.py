@@ -5,57 +5,17 @@ from __future__ import annotations
 
 import copy
 import inspect
-import math
 
 import pytest
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+from helpers import RECIPE_IDS, RECIPES, make_pair, sqnr_db
 
 import fp8mix
 from fp8mix import fp8_autocast
 from fp8mix.recipe import BlockScaling, CurrentScaling, DelayedScaling
 
-RECIPES = {
-    "delayed": lambda: DelayedScaling(),
-    "current": lambda: CurrentScaling(),
-    "block": lambda: BlockScaling(),
-}
-RECIPE_IDS = list(RECIPES)
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)  # conftest restores it; a loaded 2-core box runs 1 thread faster
-
-
-def sqnr_db(ref: torch.Tensor, out: torch.Tensor) -> float:
-    ref = ref.detach().double()
-    err = out.detach().double() - ref
-    num, den = float(ref.pow(2).sum()), float(err.pow(2).sum())
-    if den == 0.0:
-        return math.inf
-    return 10.0 * math.log10(num / den) if num > 0 else -math.inf
-
-
-def make_pair(in_f, out_f, bias=True, dtype=None, seed=0):
-    """An nn.Linear and an fp8mix.Linear built from the same RNG state."""
-    torch.manual_seed(seed)
-    ref = nn.Linear(in_f, out_f, bias=bias, dtype=dtype)
-    torch.manual_seed(seed)
-    lin = fp8mix.Linear(in_f, out_f, bias=bias, dtype=dtype)
-    return ref, lin
-
-
-def grads_of(*modules_or_tensors):
-    out = []
-    for m in modules_or_tensors:
-        if isinstance(m, torch.Tensor):
-            out.append(m.grad)
-        else:
-            out.extend(p.grad for p in m.parameters())
-    return out
-
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny problems: one thread is fastest
 
 
 # --------------------------------------------------------------------------------------
@@ -90,9 +50,9 @@ def test_autocast_signatures_and_default_recipe():
 
 def test_autocast_non_recipe_raises():
     for bad in ("delayed", DelayedScaling, 3, object()):
-        with pytest.raises(TypeError):
+        with pytest.raises(TypeError, match="must be a DelayedScaling, CurrentScaling, BlockScaling"):
             fp8_autocast(fp8_recipe=bad)
-        with pytest.raises(TypeError):
+        with pytest.raises(TypeError, match="must be a DelayedScaling, CurrentScaling, BlockScaling"):
             fp8mix.autocast(recipe=bad)
 
 

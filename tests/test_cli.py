@@ -30,15 +30,6 @@ def make():
 
 
 @pytest.fixture()
-def corpus(tmp_path):
-    """A ~24 KB text file to train on."""
-    path = tmp_path / "corpus.txt"
-    lines = [f"def f{i}(x):\n    return x * {i} + {i % 7}  # line {i}\n" for i in range(600)]
-    path.write_text("".join(lines))
-    return path
-
-
-@pytest.fixture()
 def tiny_module(tmp_path, monkeypatch):
     """tinymod.make on sys.path (this process) and PYTHONPATH (subprocesses)."""
     (tmp_path / "tinymod.py").write_text(TINY_MODULE)

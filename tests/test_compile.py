@@ -7,57 +7,18 @@ kernels for the surrounding ops round differently from eager (see the README).
 from __future__ import annotations
 
 import copy
-import math
 import os
 
 import pytest
 import torch
 import torch.nn as nn
+from helpers import RECIPES
 
 import fp8mix
 from fp8mix import fp8_autocast
-from fp8mix.recipe import BlockScaling, CurrentScaling, DelayedScaling
+from fp8mix.recipe import CurrentScaling, DelayedScaling
 
-RECIPES = {
-    "delayed": lambda: DelayedScaling(),
-    "current": lambda: CurrentScaling(),
-    "block": lambda: BlockScaling(),
-}
-RECIPE_IDS = list(RECIPES)
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)  # conftest restores it; a loaded 2-core box runs 1 thread faster
-
-
-def sqnr_db(ref: torch.Tensor, out: torch.Tensor) -> float:
-    ref = ref.detach().double()
-    err = out.detach().double() - ref
-    num, den = float(ref.pow(2).sum()), float(err.pow(2).sum())
-    if den == 0.0:
-        return math.inf
-    return 10.0 * math.log10(num / den) if num > 0 else -math.inf
-
-
-def make_pair(in_f, out_f, bias=True, dtype=None, seed=0):
-    """An nn.Linear and an fp8mix.Linear built from the same RNG state."""
-    torch.manual_seed(seed)
-    ref = nn.Linear(in_f, out_f, bias=bias, dtype=dtype)
-    torch.manual_seed(seed)
-    lin = fp8mix.Linear(in_f, out_f, bias=bias, dtype=dtype)
-    return ref, lin
-
-
-def grads_of(*modules_or_tensors):
-    out = []
-    for m in modules_or_tensors:
-        if isinstance(m, torch.Tensor):
-            out.append(m.grad)
-        else:
-            out.extend(p.grad for p in m.parameters())
-    return out
-
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny problems: one thread is fastest
 
 
 # --------------------------------------------------------------------------------------
@@ -120,17 +81,19 @@ def _check_compile(recipe, where, backend):
         target, run_eager = model, eager
     compiled = torch.compile(target, fullgraph=True, backend=backend)
 
+    def run(fn, x):  # fn(x) under the recipe: fn's own fp8_autocast, or one around the call
+        if where == "autocast_inside":
+            return fn(x)
+        with fp8_autocast(fp8_recipe=rec):
+            return fn(x)
+
     torch.manual_seed(61)
     for step in range(3):
         x = torch.randn(8, 32) * (1 + step)
         g = torch.randn(8, 16)
         xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
         try:
-            if where == "autocast_inside":
-                yc = compiled(xc)
-            else:
-                with fp8_autocast(fp8_recipe=rec):
-                    yc = compiled(xc)
+            yc = run(compiled, xc)
             yc.backward(g)
         except Exception as e:  # noqa: BLE001
             torch._dynamo.reset()
@@ -143,11 +106,7 @@ def _check_compile(recipe, where, backend):
                 why = _explain(f, x)
             pytest.fail(f"torch.compile(fullgraph=True) failed at step {step}: {type(e).__name__}: "
                         f"{str(e).splitlines()[0][:300]}\n  dynamo.explain: {why}")
-        if where == "autocast_inside":
-            ye = run_eager(xe)
-        else:
-            with fp8_autocast(fp8_recipe=rec):
-                ye = run_eager(xe)
+        ye = run(run_eager, xe)
         ye.backward(g)
         assert same(yc, ye), f"step {step}: output differs"
         assert same(xc.grad, xe.grad), f"step {step}: input grad differs"
@@ -165,6 +124,26 @@ def _check_compile(recipe, where, backend):
 RECIPES_SR = dict(RECIPES, delayed_sr=lambda: DelayedScaling(amax_history_len=4, rounding="stochastic"))
 
 
+def _steps_equal_eager(compiled, model, eager, rec, steps):
+    """`steps` forward/backward steps (no optimizer) of compiled (torch.compile of model) and
+    eager, a copy of model, on the same inputs: outputs, gradients and the whole state_dict
+    (the FP8 state with it) equal bit for bit after every step."""
+    for step in range(steps):
+        x = torch.randn(32, 64) * (step + 1)
+        with fp8_autocast(fp8_recipe=rec):
+            yc, ye = compiled(x), eager(x)
+        yc.square().mean().backward()
+        ye.square().mean().backward()
+        assert torch.equal(yc, ye), step
+        for pc, pe in zip(model.parameters(), eager.parameters()):
+            assert torch.equal(pc.grad, pe.grad), step
+            pc.grad = pe.grad = None
+        sd_c, sd_e = model.state_dict(), eager.state_dict()
+        assert list(sd_c) == list(sd_e)
+        for k in sd_c:
+            assert torch.equal(sd_c[k], sd_e[k]), f"step {step}: {k}"
+
+
 @pytest.mark.parametrize("recipe", list(RECIPES_SR))
 def test_one_compiled_graph_for_the_steady_state(recipe):
     """Training steps from a fresh model (a role's first use scales from the tensor itself)
@@ -177,19 +156,7 @@ def test_one_compiled_graph_for_the_steady_state(recipe):
     model = copy.deepcopy(eager)
     counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
     compiled = torch.compile(model, backend=counter, fullgraph=True)
-    rec = RECIPES_SR[recipe]()
-    for step in range(5):
-        x = torch.randn(32, 64) * (step + 1)
-        with fp8_autocast(fp8_recipe=rec):
-            yc, ye = compiled(x), eager(x)
-        yc.square().mean().backward()
-        ye.square().mean().backward()
-        assert torch.equal(yc, ye), step
-        for pc, pe in zip(model.parameters(), eager.parameters()):
-            assert torch.equal(pc.grad, pe.grad), step
-            pc.grad = pe.grad = None
-        for (k, a), b in zip(model.state_dict().items(), eager.state_dict().values()):
-            assert torch.equal(a, b), f"step {step}: {k}"
+    _steps_equal_eager(compiled, model, eager, RECIPES_SR[recipe](), steps=5)
     assert counter.frame_count == 1, f"{counter.frame_count} compiles"
 
 
@@ -203,14 +170,4 @@ def test_inductor_on_fp8_layers_matches_eager():
     eager = nn.Sequential(fp8mix.Linear(64, 128), fp8mix.Linear(128, 64))
     model = copy.deepcopy(eager)
     compiled = torch.compile(model, backend="inductor", fullgraph=True)
-    rec = CurrentScaling()
-    for step in range(3):
-        x = torch.randn(32, 64) * (step + 1)
-        with fp8_autocast(fp8_recipe=rec):
-            yc, ye = compiled(x), eager(x)
-        yc.square().mean().backward()
-        ye.square().mean().backward()
-        assert torch.equal(yc, ye), step
-        for pc, pe in zip(model.parameters(), eager.parameters()):
-            assert torch.equal(pc.grad, pe.grad), step
-            pc.grad = pe.grad = None
+    _steps_equal_eager(compiled, model, eager, CurrentScaling(), steps=3)

@@ -23,6 +23,7 @@ import os
 
 import pytest
 import torch
+from helpers import sqnr_db
 
 import fp8mix
 from fp8mix import ops
@@ -113,7 +114,7 @@ def test_smoke_linear_step():
         y = lin(x)
     y.sum().backward()
     ref = torch.nn.functional.linear(x.detach(), lin.weight.detach(), lin.bias.detach())
-    assert torch.isfinite(x.grad).all() and _sqnr_db(y.detach(), ref) > 20
+    assert torch.isfinite(x.grad).all() and sqnr_db(ref, y.detach()) > 20
 
 
 @gpu_only
@@ -697,11 +698,6 @@ def test_scaled_mm_fast_accum_runs():
 
 # ---- fp8mix.Linear --------------------------------------------------------------------
 
-def _sqnr_db(x, ref):
-    x, ref = x.double().cpu(), ref.double().cpu()
-    return (10 * torch.log10(ref.pow(2).sum() / (x - ref).pow(2).sum().clamp_min(1e-300))).item()
-
-
 @pytest.mark.parametrize("recipe", ["delayed", "current", "block"])
 def test_linear_cuda_tracks_cpu(recipe):
     torch.manual_seed(0)
@@ -721,10 +717,10 @@ def test_linear_cuda_tracks_cpu(recipe):
         dy = torch.randn_like(yc)
         yc.backward(dy)
         yg.backward(dy.to(DEV))
-        assert _sqnr_db(yg, yc) > 40, step
-        assert _sqnr_db(xg.grad, xc.grad) > 40, step
-        assert _sqnr_db(lin_g.weight.grad, lin_c.weight.grad) > 40, step
-        assert _sqnr_db(lin_g.bias.grad, lin_c.bias.grad) > 40, step
+        assert sqnr_db(yc, yg) > 40, step
+        assert sqnr_db(xc.grad, xg.grad) > 40, step
+        assert sqnr_db(lin_c.weight.grad, lin_g.weight.grad) > 40, step
+        assert sqnr_db(lin_c.bias.grad, lin_g.bias.grad) > 40, step
         if recipe == "delayed":  # the state ops are bit-identical: history, scales, steps, ring, slot, rng
             bufs_c, bufs_g = dict(lin_c.named_buffers()), dict(lin_g.named_buffers())
             for name in ("fp8_amax_history", "fp8_scale", "fp8_steps", "fp8_grad_pending", "fp8_grad_slot", "fp8_rng"):
@@ -782,8 +778,8 @@ def test_linear_training_step_captures_and_replays(recipe):
             assert not torch.equal(prev, y_static)
         prev = y_static.clone()
         # same kernels on the same data (cuBLASLt may pick a split-K reduction, so allow rounding)
-        assert _sqnr_db(y_static, ye.detach()) > 50, trial
-        assert _sqnr_db(lin.weight.grad, eager.weight.grad) > 50, trial
+        assert sqnr_db(ye.detach(), y_static) > 50, trial
+        assert sqnr_db(eager.weight.grad, lin.weight.grad) > 50, trial
         if recipe == "delayed":  # the replayed state ops advance the state as eager steps do, bit for bit
             for name in ("fp8_amax_history", "fp8_scale", "fp8_steps", "fp8_grad_pending", "fp8_grad_slot"):
                 assert torch.equal(getattr(lin, name), getattr(eager, name)), (trial, name)

@@ -35,6 +35,7 @@ import time
 
 import pytest
 import torch
+from helpers import fp8_state
 
 WORLD = 2
 STEPS = 6
@@ -93,18 +94,13 @@ def train(model, params, recipe_name, rank=None, steps=STEPS, first_state=None):
         opt.step()
         losses.append(loss.detach())
         if first_state is not None and step == 0:
-            first_state.append(_fp8_state(model.module if hasattr(model, "module") else model))
+            first_state.append(fp8_state(model.module if hasattr(model, "module") else model))
     return losses
 
 
 # --------------------------------------------------------------------------------------
 # worker (this file as a script)
 # --------------------------------------------------------------------------------------
-def _fp8_state(module):
-    sd = module.state_dict()
-    return {k: v.clone() for k, v in sd.items() if k.rsplit(".", 1)[-1].startswith("fp8_")}
-
-
 def _global_losses(losses):
     import torch.distributed as dist
     t = torch.stack(losses)
@@ -122,7 +118,7 @@ def _run_ddp(rank, recipe_name):
         "losses": _global_losses(losses),
         "fp8_first": first[0],
         "params": {k: v.detach().clone() for k, v in model.named_parameters()},
-        "fp8": _fp8_state(model),
+        "fp8": fp8_state(model),
     }
 
 
@@ -137,7 +133,7 @@ def _run_fsdp2(rank, recipe_name):
     full = {}
     for k, v in model.named_parameters():
         full[k] = v.full_tensor().detach().clone() if hasattr(v, "full_tensor") else v.detach().clone()
-    return {"losses": _global_losses(losses), "params": full, "fp8": _fp8_state(model)}
+    return {"losses": _global_losses(losses), "params": full, "fp8": fp8_state(model)}
 
 
 def _worker(rank, port, out_dir):
@@ -221,10 +217,10 @@ def _single_process(recipe_name):
 def test_ddp_ranks_identical(runs, recipe):
     r0, r1 = _get(runs, f"ddp_{recipe}")
     assert r0["fp8"].keys() == r1["fp8"].keys()
+    assert len(r0["fp8"]) == 21  # 3 layers x (history, scale, steps, grad_pending, grad_slot, rng, auto)
+    for k, v in r0["fp8"].items():
+        assert torch.equal(v, r1["fp8"][k]), f"FP8 state {k} differs between ranks:\n{v}\n{r1['fp8'][k]}"
     if recipe == "delayed":
-        assert len(r0["fp8"]) == 21  # 3 layers x (history, scale, steps, grad_pending, grad_slot, rng, auto)
-        for k, v in r0["fp8"].items():
-            assert torch.equal(v, r1["fp8"][k]), f"FP8 state {k} differs between ranks:\n{v}\n{r1['fp8'][k]}"
         steps = [v for k, v in r0["fp8"].items() if k.endswith("fp8_steps")]
         assert all(s.tolist() == [STEPS, STEPS, STEPS - 1] for s in steps), steps  # the last grad amax pending
         pend = [v for k, v in r0["fp8"].items() if k.endswith("fp8_grad_pending")]
@@ -269,6 +265,7 @@ def test_fsdp2_trains_like_ddp(runs):
     assert all(math.isfinite(v) for v in f0["losses"]), f0["losses"]
     rel = [abs(a - b) / abs(b) for a, b in zip(f0["losses"], d0["losses"])]
     assert max(rel) <= 1e-4, f"FSDP2 losses {f0['losses']}\nDDP losses   {d0['losses']}\nrel {rel}"
+    assert f0["fp8"].keys() == f1["fp8"].keys() and len(f0["fp8"]) == 21
     for k, v in f0["fp8"].items():
         assert torch.equal(v, f1["fp8"][k]), f"FP8 state {k} differs between FSDP2 ranks"
     for k, v in f0["params"].items():

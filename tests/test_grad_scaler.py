@@ -295,7 +295,7 @@ def test_scale_nested_outputs():
     assert isinstance(out, list) and isinstance(out[1], tuple) and isinstance(out[1][1], list)
     assert torch.equal(out[0], a * 4) and torch.equal(out[1][0], b * 4)
     assert out[1][1][0].dtype == torch.bfloat16 and out[1][1][0].item() == 2.0
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="outputs must be a tensor"):
         scaler.scale([a, 3.0])
 
 
@@ -333,20 +333,20 @@ def test_bad_arguments(kw, msg):
 
 
 def test_bad_argument_types_and_setters():
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="growth_interval must be an int"):
         FP8GradScaler(growth_interval=2.5)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="init_scale must be a number"):
         FP8GradScaler(init_scale=True)
     s = FP8GradScaler(fp8_feedback=False)
     s.set_growth_factor(3.0)
     s.set_backoff_factor(0.25)
     s.set_growth_interval(7)
     assert (s.get_growth_factor(), s.get_backoff_factor(), s.get_growth_interval()) == (3.0, 0.25, 7)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="growth_factor must be finite and > 1"):
         s.set_growth_factor(1.0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"backoff_factor must be in \(0, 1\)"):
         s.set_backoff_factor(2.0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="growth_interval must be >= 1"):
         s.set_growth_interval(0)
 
 
@@ -632,7 +632,7 @@ def test_new_scale_discards_counts(fb):
     assert s.get_scale() == 100.0 and s.last_fp8_stats["overflow"] == 500
     _feedback_step(s, m, opt, 1, {})
     assert s.get_scale() == 100.0 and s.last_fp8_stats["overflow"] == 0
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="new_scale must be finite and > 0"):
         s.update(new_scale=-1.0)
     assert s.get_scale() == 100.0  # a refused new_scale changes nothing
 

@@ -20,6 +20,7 @@ import subprocess
 
 import pytest
 import torch
+from helpers import RECIPES
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -67,8 +68,6 @@ class _GemmRecorder(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-RECIPES = {"delayed": fp8mix.recipe.DelayedScaling, "current": fp8mix.recipe.CurrentScaling,
-           "block": fp8mix.recipe.BlockScaling}
 _CAPTURED: dict = {}
 
 

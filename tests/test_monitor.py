@@ -185,7 +185,7 @@ def test_bad_arguments():
     mon = Monitor(every=1)
     x = torch.randn(8, 32)
     t = fp8mix.quantize(x)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="not an FP8 dtype"):
         mon.record("l", "input", x, x, t.scale_inv)  # q not FP8
     with pytest.raises(ValueError, match="shape"):
         mon.record("l", "input", x[:4], t.data, t.scale_inv)
@@ -196,7 +196,7 @@ def test_bad_arguments():
     for bad in (dict(every=0), dict(every=1.5), dict(overflow_warn=2.0), dict(hist_range=(5, 1)),
                 dict(warn_interval=0), dict(hist_range=(-40.5, 10)), dict(hist_range=(-48, 10)),
                 dict(hist_range=(0, 18)), dict(hist_bins=5, hist_range=(-40, 16)), dict(hist_range="ab")):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match=next(iter(bad))):  # the message names the field
             Monitor(**bad)
     assert mon.records == []
 
@@ -356,7 +356,7 @@ def test_state_dict_round_trip():
     assert other.sampling
     other.reset()
     assert other.records == [] and other.global_step == 0 and other.events == []
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="not a Monitor state_dict"):
         other.load_state_dict({"step": 1})
 
 

@@ -116,7 +116,7 @@ def test_empty_and_bad_input():
     t = fp8mix.quantize(x)
     with pytest.raises(ValueError, match="shape"):
         quant_stats(x[:2], t)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="t must be a Float8Tensor"):
         quant_stats(x, t.data)
     with pytest.raises(TypeError, match="float32, bfloat16 or float16|dtype"):
         quant_stats(x.double(), t)

@@ -21,11 +21,7 @@ from fp8mix.optim import AdamW, bytes_per_param
 E4M3_HALF_ULP_OF_MAX = 16.0 / 448.0  # largest round-to-nearest error of a block, relative to its max
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """The problems here are tiny: one thread is fastest, and immune to a loaded machine
-    (conftest puts the thread count back after each test)."""
-    torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny problems: one thread is fastest
 
 
 def _mlp(seed: int = 0, d_in: int = 16, hidden: int = 64, d_out: int = 4) -> nn.Module:

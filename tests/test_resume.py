@@ -24,6 +24,7 @@ import time
 
 import pytest
 import torch
+from helpers import write_corpus
 
 from fp8mix.tools import cli
 from fp8mix.tools.demo import checkpoint
@@ -34,17 +35,6 @@ TINY = ["--layers", "1", "--d-model", "32", "--seq-len", "32", "--batch-size", "
         "--eval-batches", "2", "--no-progress"]
 RUNS = "fp8-delayed,fp8-current,fp32"  # the hardest first: delayed scaling carries FP8 state between steps
 STEPS = 120
-
-
-def _write_corpus(path):
-    lines = [f"def f{i}(x):\n    return x * {i} + {i % 7}  # line {i}\n" for i in range(600)]
-    path.write_text("".join(lines))
-    return path
-
-
-@pytest.fixture()
-def corpus(tmp_path):
-    return _write_corpus(tmp_path / "corpus.txt")
 
 
 def _cmd(corpus, out, *extra):
@@ -151,7 +141,7 @@ def finished(tmp_path_factory):
     """A folder with a corpus, a completed fp8-delayed run's checkpoints (steps 15, 20) in
     ck/ and its loss log full.log."""
     d = tmp_path_factory.mktemp("finished")
-    corpus = _write_corpus(d / "corpus.txt")
+    corpus = write_corpus(d / "corpus.txt")
     r = _run(_cmd(corpus, d / "out", *SHORT, "--checkpoint-dir", str(d / "ck"), "--loss-log", str(d / "full.log")),
              d)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
@@ -216,7 +206,7 @@ def test_different_config_is_refused(finished, tmp_path):
     assert len(err) == 1 and "Traceback" not in r.stderr, r.stderr
     assert "different configuration" in err[0] and "lr 0.003 (checkpoint) vs 0.001 (now)" in err[0]
     # Another corpus is another configuration too.
-    other = _write_corpus(tmp_path / "other.txt")
+    other = write_corpus(tmp_path / "other.txt")
     other.write_text(other.read_text().replace("line", "LINE"))
     r = _run(_cmd(other, tmp_path / "out", *SHORT, "--checkpoint-dir", str(tmp_path / "ck"), "--resume"), tmp_path)
     assert r.returncode == 2 and "corpus-sha256" in r.stderr
@@ -245,7 +235,7 @@ def test_atomic_save_keeps_old_file_on_failure(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(checkpoint.os, "replace", boom)
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match="disk full"):  # the injected failure, not another
         checkpoint.atomic_save({"v": 2}, str(path))
     assert torch.load(path, weights_only=True) == {"v": 1}
     assert os.listdir(tmp_path) == ["a.pt"]  # no temp file left behind

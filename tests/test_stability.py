@@ -30,7 +30,7 @@ def test_rounding_field_is_validated_and_normalised():
         DelayedScaling(rounding={"bias": "stochastic"})
     with pytest.raises(ValueError, match="nearest"):
         DelayedScaling(rounding={"grad": "up"})
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="rounding must be a str or a dict"):
         DelayedScaling(rounding=1)
 
 

@@ -12,6 +12,8 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
 
+from helpers import assert_same_state, fp8_state  # noqa: E402
+
 import fp8mix  # noqa: E402
 from fp8mix.recipe import CurrentScaling, DelayedScaling  # noqa: E402
 
@@ -52,10 +54,6 @@ def _steps(model, recipe, steps=3, lr=1e-3, fixed_batch=False):
     return out
 
 
-def _fp8_keys(model):
-    return {k: v for k, v in model.state_dict().items() if "fp8_" in k}
-
-
 @pytest.mark.parametrize("reentrant", [None, True, False], ids=["hf_default", "reentrant", "non_reentrant"])
 def test_llama_gradient_checkpointing_equals_no_checkpointing(reentrant):
     base = fp8mix.convert_model(_llama(), module_filter_fn=lambda m, fqn: fqn != "lm_head")
@@ -71,22 +69,18 @@ def test_llama_gradient_checkpointing_equals_no_checkpointing(reentrant):
         assert g0.keys() == g1.keys()
         for n in g0:
             assert torch.equal(g0[n], g1[n]), f"step {i}: gradient of {n} differs"
-    s0, s1 = _fp8_keys(base), _fp8_keys(ckpt)
-    assert s0.keys() == s1.keys() and len(s0) > 0
-    for k in s0:
-        assert torch.equal(s0[k], s1[k]), k
+    assert_same_state(fp8_state(base), fp8_state(ckpt))
 
 
 def test_generate_under_fp8_autocast_leaves_the_fp8_state_untouched():
     model = fp8mix.convert_model(_llama(1))
     _steps(model, DelayedScaling(amax_history_len=8), steps=2)
-    before = {k: v.clone() for k, v in _fp8_keys(model).items()}
+    before = fp8_state(model)
     model.eval()
     with fp8mix.fp8_autocast(fp8_recipe=DelayedScaling(amax_history_len=8)):
         out = model.generate(_batch(9, b=2, t=6), max_new_tokens=5, do_sample=False)
     assert out.shape == (2, 11)
-    for k, v in _fp8_keys(model).items():
-        assert torch.equal(before[k], v), f"generate() changed {k}"
+    assert_same_state(before, fp8_state(model))  # generate() changed none of it
 
 
 def test_gpt2_conv1d_is_converted_and_trains():

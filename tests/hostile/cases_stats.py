@@ -84,7 +84,9 @@ def linear_auto_and_sr_with_nonfinite_input():
         lin.weight.grad = lin.bias.grad = None
     report = lin.fp8_format_report()
     assert set(report) == {"input", "weight", "grad_output"}
-    assert all(fmt in ("E4M3", "E5M2") for fmt, _ in report.values())
+    # non-finite amaxes decide nothing: AUTO keeps HYBRID's assignment
+    formats = {role: fmt for role, (fmt, _) in report.items()}
+    assert formats == {"input": "E4M3", "weight": "E4M3", "grad_output": "E5M2"}, formats
     assert torch.isfinite(lin.fp8_scale).all() and (lin.fp8_scale > 0).all()
 
 

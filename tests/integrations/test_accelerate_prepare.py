@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 accelerate = pytest.importorskip("accelerate")
 from accelerate.state import AcceleratorState  # noqa: E402
+from helpers import assert_same_state, fp8_state  # noqa: E402
 
 import fp8mix  # noqa: E402
 from fp8mix.integrations.accelerate import prepare  # noqa: E402
@@ -52,10 +53,6 @@ def _train(model, opt, accelerator, steps, start=0, save=None):
         if save is not None and step + 1 == save[0]:
             accelerator.save_state(save[1])
     return losses
-
-
-def _fp8_state(model):
-    return {k: v.clone() for k, v in model.state_dict().items() if k.rsplit(".", 1)[-1].startswith("fp8_")}
 
 
 @pytest.mark.parametrize("mixed_precision", ["no", "bf16"])
@@ -117,7 +114,7 @@ def test_evaluation_leaves_the_fp8_state_untouched():
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     model, opt = prepare(acc, model, opt)
     _train(model, opt, acc, 3)
-    before = _fp8_state(model)
+    before = fp8_state(model)
     x, _ = _batch(50)
     model.eval()
     with torch.no_grad():
@@ -125,10 +122,8 @@ def test_evaluation_leaves_the_fp8_state_untouched():
     model.train()
     with torch.no_grad():  # no_grad alone is read-only too
         model(x)
-    after = _fp8_state(model)
-    assert before.keys() == after.keys() and before
-    for k in before:
-        assert torch.equal(before[k], after[k]), k
+    after = fp8_state(model)
+    assert_same_state(before, after)
     plain = _mlp(seed=3).eval()
     plain.load_state_dict(fp8mix.strip_fp8_state(model.state_dict()))
     with torch.no_grad():

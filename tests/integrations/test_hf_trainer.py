@@ -15,6 +15,8 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
 
+from helpers import assert_same_state, fp8_state  # noqa: E402
+
 import fp8mix  # noqa: E402
 from fp8mix.integrations.transformers import FP8TrainerCallback  # noqa: E402
 from fp8mix.recipe import DelayedScaling  # noqa: E402
@@ -77,20 +79,10 @@ def _train(out, seed=0, fp8=True, resume=None, **kw):
     return model, losses, trainer
 
 
-def _fp8_state(model):
-    return {k: v.clone() for k, v in model.state_dict().items() if k.rsplit(".", 1)[-1].startswith("fp8_")}
-
-
 def _without_rng_keys(sd: dict) -> dict:
     """A state dict without the stochastic-rounding keys (fp8_rng[0]), which each conversion in a
     process draws afresh (a checkpoint restores them); the stream offsets (fp8_rng[1]) stay."""
     return {k: v[1:] if k.endswith("fp8_rng") else v for k, v in sd.items()}
-
-
-def _assert_same(a: dict, b: dict):
-    assert a.keys() == b.keys() and a
-    for k in a:
-        assert torch.equal(a[k], b[k]), k
 
 
 def test_trains_with_gradient_checkpointing_and_resumes_bit_identically(tmp_path):
@@ -102,7 +94,7 @@ def test_trains_with_gradient_checkpointing_and_resumes_bit_identically(tmp_path
 
     nogc, nogc_losses, _ = _train(tmp_path / "b")  # torch.utils.checkpoint changes nothing
     assert len(nogc_losses) == 8 and all(torch.equal(a, b) for a, b in zip(losses, nogc_losses))
-    _assert_same(_without_rng_keys(full.state_dict()), _without_rng_keys(nogc.state_dict()))
+    assert_same_state(_without_rng_keys(full.state_dict()), _without_rng_keys(nogc.state_dict()))
 
     ref, ref_losses, _ = _train(tmp_path / "c", fp8=False)  # the Trainer without fp8mix
     assert not torch.equal(losses[-1], ref_losses[-1]) and abs(losses[-1] - ref_losses[-1]) < 0.05 * ref_losses[-1]
@@ -112,14 +104,14 @@ def test_trains_with_gradient_checkpointing_and_resumes_bit_identically(tmp_path
     assert len(res_losses) == 4
     for i, (a, b) in enumerate(zip(losses[4:], res_losses)):
         assert torch.equal(a, b), f"step {4 + i}: loss {a} vs {b}"
-    _assert_same(full.state_dict(), resumed.state_dict())  # weights and FP8 state
+    assert_same_state(full.state_dict(), resumed.state_dict())  # weights and FP8 state
 
 
 def test_evaluate_is_fp8_and_leaves_the_fp8_state_untouched(tmp_path):
     model, _, trainer = _train(tmp_path, max_steps=2, bf16=True)
-    before = _fp8_state(model)
+    before = fp8_state(model)
     metrics = trainer.evaluate(Counting(n=8, seed=1))
-    _assert_same(before, _fp8_state(model))
+    assert_same_state(before, fp8_state(model))
     plain = _llama(seed=3)
     plain.load_state_dict(fp8mix.strip_fp8_state(model.state_dict()))
     ref = transformers.Trainer(model=plain, args=_args(tmp_path / "ref", bf16=True)).evaluate(Counting(n=8, seed=1))

@@ -15,6 +15,8 @@ import torch.nn.functional as F
 
 L = pytest.importorskip("lightning.pytorch")
 
+from helpers import assert_same_state, fp8_state  # noqa: E402
+
 import fp8mix  # noqa: E402
 from fp8mix.integrations.lightning import FP8Precision  # noqa: E402
 from fp8mix.recipe import CurrentScaling, DelayedScaling  # noqa: E402
@@ -77,16 +79,6 @@ def _trainer(plugin=None, **kw):
     return L.Trainer(plugins=[] if plugin is None else [plugin], **opts)
 
 
-def _fp8_state(module):
-    return {k: v.clone() for k, v in module.state_dict().items() if k.rsplit(".", 1)[-1].startswith("fp8_")}
-
-
-def _assert_same_state(a: dict, b: dict):
-    assert a.keys() == b.keys() and a
-    for k in a:
-        assert torch.equal(a[k], b[k]), k
-
-
 def test_trains_in_fp8_close_to_lightning_without_the_plugin():
     ref, model = _net(), _net()
     _trainer(max_epochs=4).fit(ref, _data())
@@ -111,7 +103,7 @@ def test_resume_from_mid_run_checkpoint_is_bit_identical(tmp_path):
     assert len(resumed.losses) == 2 * BATCHES
     for i, (a, b) in enumerate(zip(full.losses[2 * BATCHES:], resumed.losses)):
         assert torch.equal(a, b), f"step {2 * BATCHES + i}: loss {a} vs {b}"
-    _assert_same_state(full.state_dict(), resumed.state_dict())  # weights and FP8 state
+    assert_same_state(full.state_dict(), resumed.state_dict())  # weights and FP8 state
     assert resumed.net[0].fp8_steps[0] == 4 * BATCHES
 
 
@@ -123,7 +115,7 @@ def test_checkpoint_state_dict_loads_into_the_plain_module(tmp_path):
     trainer.save_checkpoint(path)
     ckpt = torch.load(path, weights_only=False)
     assert not [k for k in ckpt["state_dict"] if "fp8_" in k]
-    _assert_same_state(ckpt["FP8Precision"]["fp8_state"], _fp8_state(model))
+    assert_same_state(ckpt["FP8Precision"]["fp8_state"], fp8_state(model))
     plain = Net.load_from_checkpoint(path)  # strict=True: the plain module loads it as it is
     assert all(type(m) is nn.Linear for m in plain.net if isinstance(m, nn.Linear))
     assert torch.equal(plain.net[0].weight, model.net[0].weight)
@@ -134,11 +126,11 @@ def test_validate_test_predict_leave_the_fp8_state_untouched():
     trainer = _trainer(FP8Precision(), max_epochs=1)
     trainer.fit(model, _data(), _data(seed=1))  # validation ran after the epoch
     assert model.net[0].fp8_steps[0] == BATCHES
-    before = _fp8_state(model)
+    before = fp8_state(model)
     trainer.validate(model, _data(seed=2), verbose=False)
     trainer.test(model, _data(seed=3), verbose=False)
     fp8_pred = torch.cat(trainer.predict(model, _data(seed=4)))
-    _assert_same_state(before, _fp8_state(model))
+    assert_same_state(before, fp8_state(model))
     hp = _trainer(FP8Precision(fp8_evaluation=False))
     hp_pred = torch.cat(hp.predict(model, _data(seed=4)))
     plain = _net(seed=9).eval()
@@ -148,7 +140,7 @@ def test_validate_test_predict_leave_the_fp8_state_untouched():
     assert torch.equal(hp_pred, ref)  # fp8_evaluation=False: nn.Linear, bit for bit
     err = float((fp8_pred - ref).norm() / ref.norm())
     assert 0 < err < 0.1, err  # FP8, close to it
-    _assert_same_state(before, _fp8_state(model))
+    assert_same_state(before, fp8_state(model))
 
 
 def test_bf16_autocast_filter_and_a_second_fit():

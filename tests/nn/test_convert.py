@@ -6,22 +6,17 @@ from __future__ import annotations
 import copy
 import inspect
 import logging
-import math
 import warnings
 
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from helpers import sqnr_db
 
 import fp8mix
 from fp8mix import fp8_autocast
 from fp8mix.recipe import DelayedScaling
-
-
-def sqnr_db(ref: torch.Tensor, out: torch.Tensor) -> float:
-    err = out.detach().double() - ref.detach().double()
-    return 10 * math.log10(float(ref.double().pow(2).sum()) / max(float(err.pow(2).sum()), 1e-300))
 
 
 class Small(nn.Module):

@@ -11,26 +11,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from helpers import RECIPES as DEFAULT_RECIPES
+from helpers import OpNames
 
 import fp8mix
-from fp8mix.recipe import BlockScaling, CurrentScaling, DelayedScaling
+from fp8mix.recipe import DelayedScaling
 
 VIEWS = {"view", "t", "reshape", "select", "slice", "_unsafe_view", "as_strided", "expand", "unsqueeze", "squeeze",
          "transpose", "detach", "alias", "permute", "_reshape_alias", "view_as"}
 BUDGET = {"delayed": 10, "current": 10, "block": 12, "delayed_sr": 10}
-RECIPES = {"delayed": DelayedScaling, "current": CurrentScaling, "block": BlockScaling,
-           "delayed_sr": lambda: DelayedScaling(rounding="stochastic")}
-
-
-class _Ops(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops: list = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(func.overloadpacket.__name__)
-        return func(*args, **(kwargs or {}))
+RECIPES = dict(DEFAULT_RECIPES, delayed_sr=lambda: DelayedScaling(rounding="stochastic"))
 
 
 def _step_ops(recipe_name, *, feedback=False, monitor=None):
@@ -47,7 +37,7 @@ def _step_ops(recipe_name, *, feedback=False, monitor=None):
         stats.activate()
     dy = torch.randn(64, 256)
     try:
-        with _Ops() as c:
+        with OpNames() as c:
             with fp8mix.fp8_autocast(fp8_recipe=rec, monitor=monitor):
                 y = lin(x)
             y.backward(dy)
@@ -55,7 +45,7 @@ def _step_ops(recipe_name, *, feedback=False, monitor=None):
         stats.deactivate()
     if feedback:
         assert stats.pop()["numel"] == dy.numel()  # the feedback really counted this step's cast
-    return [o for o in c.ops if o not in VIEWS]
+    return [o for o in c.names if o not in VIEWS]
 
 
 @pytest.mark.parametrize("recipe", list(RECIPES))

@@ -22,11 +22,11 @@ from __future__ import annotations
 import copy
 import inspect
 import io
-import math
 
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import sqnr_db
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 import fp8mix
@@ -43,15 +43,7 @@ SR_RECIPES = {**RECIPES, "delayed_sr": lambda: DelayedScaling(amax_history_len=4
               "block_sr": lambda: BlockScaling(rounding="stochastic")}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)
-
-
-def sqnr_db(ref, out) -> float:
-    ref, err = ref.detach().double(), out.detach().double() - ref.detach().double()
-    den = float(err.pow(2).sum())
-    return math.inf if den == 0 else 10 * math.log10(float(ref.pow(2).sum()) / den)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny problems: one thread is fastest
 
 
 def make(in_f=96, out_f=80, normalization="LayerNorm", seed=0, **kw):

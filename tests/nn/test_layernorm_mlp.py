@@ -26,6 +26,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from helpers import sqnr_db
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 import fp8mix
@@ -40,15 +41,7 @@ RECIPES = {"delayed": lambda: DelayedScaling(amax_history_len=4), "current": Cur
 ALL_ACTS = sorted(ACTIVATIONS)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)
-
-
-def sqnr_db(ref, out) -> float:
-    ref, err = ref.detach().double(), out.detach().double() - ref.detach().double()
-    den = float(err.pow(2).sum())
-    return math.inf if den == 0 else 10 * math.log10(float(ref.pow(2).sum()) / den)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny problems: one thread is fastest
 
 
 def te_act64(name: str, h: torch.Tensor) -> torch.Tensor:

@@ -30,40 +30,13 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from helpers import RECIPE_IDS, RECIPES, make_pair, sqnr_db
 
 import fp8mix
 from fp8mix import fp8_autocast
 from fp8mix.recipe import BlockScaling, CurrentScaling, DelayedScaling
 
-RECIPES = {
-    "delayed": lambda: DelayedScaling(),
-    "current": lambda: CurrentScaling(),
-    "block": lambda: BlockScaling(),
-}
-RECIPE_IDS = list(RECIPES)
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)  # conftest restores it; a loaded 2-core box runs 1 thread faster
-
-
-def sqnr_db(ref: torch.Tensor, out: torch.Tensor) -> float:
-    ref = ref.detach().double()
-    err = out.detach().double() - ref
-    num, den = float(ref.pow(2).sum()), float(err.pow(2).sum())
-    if den == 0.0:
-        return math.inf
-    return 10.0 * math.log10(num / den) if num > 0 else -math.inf
-
-
-def make_pair(in_f, out_f, bias=True, dtype=None, seed=0):
-    """An nn.Linear and an fp8mix.Linear built from the same RNG state."""
-    torch.manual_seed(seed)
-    ref = nn.Linear(in_f, out_f, bias=bias, dtype=dtype)
-    torch.manual_seed(seed)
-    lin = fp8mix.Linear(in_f, out_f, bias=bias, dtype=dtype)
-    return ref, lin
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny problems: one thread is fastest
 
 
 def grads_of(*modules_or_tensors):
@@ -74,7 +47,6 @@ def grads_of(*modules_or_tensors):
         else:
             out.extend(p.grad for p in m.parameters())
     return out
-
 
 
 # --------------------------------------------------------------------------------------
@@ -577,8 +549,9 @@ def test_training_loop_matches_float32():
     assert f32 < 0.2, f"float32 baseline did not learn (loss {f32})"
     for name in ("delayed", "current"):
         loss, model = _train_mlp(RECIPES[name]())
-        if name == "delayed":
-            assert all(int(m.fp8_steps[0]) > 0 for m in model if isinstance(m, fp8mix.Linear))
+        if name == "delayed":  # 250 steps recorded; the last grad_output amax pending; the no_grad loss none
+            steps = [m.fp8_steps.tolist() for m in model if isinstance(m, fp8mix.Linear)]
+            assert steps == [[250, 250, 249]] * 3, steps
         rel = abs(loss - f32) / f32
         assert math.isfinite(loss) and rel <= 0.05, f"{name}: FP8 loss {loss:.5f} vs float32 {f32:.5f} ({rel:.1%})"
 
@@ -592,15 +565,15 @@ def test_bad_input(recipe):
     with fp8_autocast(fp8_recipe=RECIPES[recipe]()):
         with pytest.raises(ValueError, match="32"):
             lin(torch.randn(4, 31))
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match=r"shape \(33, 4\), expected \(\.\.\., 32\)"):
             lin(torch.randn(4, 33, 1).squeeze(-1).t().contiguous())  # (33, 4)
         with pytest.raises(TypeError, match="float64"):
             lin(torch.randn(4, 32, dtype=torch.float64))
-        with pytest.raises(TypeError):
+        with pytest.raises(TypeError, match="float32, bfloat16 or float16, got torch.int64"):
             lin(torch.ones(4, 32, dtype=torch.int64))
-        with pytest.raises(TypeError):
+        with pytest.raises(TypeError, match="float32, bfloat16 or float16, got torch.int8"):
             lin(torch.ones(4, 32, dtype=torch.int8))
-        with pytest.raises((ValueError, RuntimeError, NotImplementedError), match="meta"):
+        with pytest.raises(ValueError, match="input is on meta, weight on cpu"):
             lin(torch.randn(4, 32, device="meta"))
     assert int(lin.fp8_steps.sum()) == 0  # nothing recorded by rejected calls
 
@@ -692,7 +665,7 @@ def test_non_finite_input_or_weight_gives_non_finite_output(recipe, where):
         y = lin(x)
     assert not torch.isfinite(ref).all()
     assert not torch.isfinite(y).all(), "the non-finite value vanished in the FP8 cast"
-    assert torch.isfinite(y[torch.isfinite(ref)]).float().mean() > 0.5 or recipe != "block"
+    assert torch.equal(torch.isfinite(y), torch.isfinite(ref))  # non-finite exactly where nn.Linear's is
 
 
 # --------------------------------------------------------------------------------------

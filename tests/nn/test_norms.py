@@ -32,9 +32,7 @@ E4, E5 = torch.float8_e4m3fn, torch.float8_e5m2
 GRANS = [Granularity.TENSOR, Granularity.ROW, Granularity.BLOCK, Granularity.BLOCK2D]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny problems: one thread is fastest
 
 
 # --------------------------------------------------------------------------------------

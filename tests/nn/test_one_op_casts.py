@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from helpers import OpNames
 
 import fp8mix
 from fp8mix import _C, ops
@@ -165,16 +165,6 @@ def test_one_op_casts_opcheck_and_errors():
         ops.linear_delayed_casts(x, w, *_state(), gemm=-1, **kw)
 
 
-class _Ops(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.names: list = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names.append(func.overloadpacket.__name__)
-        return func(*args, **(kwargs or {}))
-
-
 class _DirectCalls:
     """fp8mix._C as fp8mix.nn._direct sees it, each direct call counted."""
 
@@ -224,7 +214,7 @@ class _Count:
 
 def test_a_dispatch_mode_sees_the_separate_ops():
     lin, x = fp8mix.Linear(32, 32), torch.randn(8, 32, requires_grad=True)
-    with _Ops() as seen:
+    with OpNames() as seen:
         with fp8mix.fp8_autocast(fp8_recipe=DelayedScaling()):
             y = lin(x)
         y.sum().backward()
@@ -334,7 +324,7 @@ def test_direct_calls_refuse_wrapped_tensors_and_raise_the_ops_errors():
     assert _direct.direct_ok()  # outside any mode or transform
     with FakeTensorMode():
         assert not _direct.direct_ok()
-    with _Ops():
+    with OpNames():
         assert not _direct.direct_ok()
     assert torch.func.vmap(lambda t: t * _direct.direct_ok())(torch.ones(2, 2)).sum() == 0  # a transform: False
     x = torch.randn(8, 32)

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import copy
 import importlib.util
-import math
 import pathlib
 import re
 
 import pytest
 import torch
 import torch.nn as nn
+from helpers import sqnr_db
 
 import fp8mix
 
@@ -22,14 +22,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "te_quickstart.py"
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)
-
-
-def sqnr_db(ref, out) -> float:
-    ref, err = ref.detach().double(), out.detach().double() - ref.detach().double()
-    return 10 * math.log10(float(ref.pow(2).sum()) / float(err.pow(2).sum()))
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny problems: one thread is fastest
 
 
 def _load_example():

@@ -1,21 +1,29 @@
-"""Checks shared by the recipe tests: SQNR, a small two-block net, and the "bit-identical
-to eager" comparisons for activation checkpointing and torch.compile (aot_eager)."""
+"""Checks shared by the recipe tests: an FP8 layer and its float64 twin, their SQNR, a small
+two-block net, and the "bit-identical to eager" comparisons for activation checkpointing and
+torch.compile (aot_eager)."""
 from __future__ import annotations
 
 import copy
-import math
 
 import torch
 import torch.nn as nn
+from helpers import sqnr_db
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 import fp8mix
 from fp8mix import fp8_autocast
 
 
-def sqnr_db(ref: torch.Tensor, out: torch.Tensor) -> float:
-    ref, out = ref.double(), out.double()
-    return 10 * math.log10(ref.pow(2).sum().item() / max((ref - out).pow(2).sum().item(), 1e-300))
+def float64_pair(k=96, n=40, seed=0, conv=False):
+    """An FP8 layer (fp8mix.Linear, or fp8mix.nn.Conv1D with conv=True) of k inputs and n
+    outputs, and its float64 nn.Linear twin with the same weight and bias."""
+    torch.manual_seed(seed)
+    lin = fp8mix.nn.Conv1D(n, k) if conv else fp8mix.Linear(k, n)
+    ref = nn.Linear(k, n).double()
+    with torch.no_grad():
+        ref.weight.copy_(lin.weight.t() if conv else lin.weight)
+        ref.bias.copy_(lin.bias)
+    return lin, ref
 
 
 def sqnr_vs_float64(lin, ref, x: torch.Tensor, recipe, *, conv: bool):

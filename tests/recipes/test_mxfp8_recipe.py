@@ -13,28 +13,14 @@ import copy
 
 import pytest
 import torch
-import torch.nn as nn
 from mx_reference import ref_mx_deq
-from recipe_checks import check_checkpointing_bit_identical, check_compile_bit_identical, sqnr_vs_float64
+from recipe_checks import check_checkpointing_bit_identical, check_compile_bit_identical, float64_pair, sqnr_vs_float64
 
 import fp8mix
 from fp8mix import Format, fp8_autocast
 from fp8mix.recipe import CurrentScaling, MXFP8BlockScaling, RowwiseScaling
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)
-
-
-def _pair(k=96, n=40, seed=0, conv=False):
-    torch.manual_seed(seed)
-    lin = fp8mix.nn.Conv1D(n, k) if conv else fp8mix.Linear(k, n)
-    ref = nn.Linear(k, n).double()
-    with torch.no_grad():
-        ref.weight.copy_(lin.weight.t() if conv else lin.weight)
-        ref.bias.copy_(lin.bias)
-    return lin, ref
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny problems: one thread is fastest
 
 
 RECIPES = {
@@ -48,7 +34,7 @@ RECIPES = {
 @pytest.mark.parametrize("name", list(RECIPES))
 @pytest.mark.parametrize("conv", [False, True], ids=["linear", "conv1d"])
 def test_matches_float64_within_linear_bounds(name, conv):
-    lin, ref = _pair(conv=conv)
+    lin, ref = float64_pair(conv=conv)
     x = torch.randn(24, 96) * torch.logspace(-3, 3, 96)  # K blocks of very unlike scale
     fwd, dgrad, wgrad = sqnr_vs_float64(lin, ref, x, RECIPES[name](), conv=conv)
     assert fwd >= 25, f"forward SQNR {fwd:.1f} dB"
@@ -61,7 +47,7 @@ def test_matches_float64_within_linear_bounds(name, conv):
 def test_equals_float64_emulation_of_the_spec(rule, conv):
     """Each GEMM equals the float64 product of the spec's MX quantisations of its operands
     along its reduction dimension, to float32 summation (K * 2^-24 of the |terms|)."""
-    lin, _ = _pair(k=80, n=48, seed=3, conv=conv)
+    lin, _ = float64_pair(k=80, n=48, seed=3, conv=conv)
     x = (torch.randn(40, 80) * 3).requires_grad_()
     dy = torch.randn(40, 48)
     with fp8_autocast(fp8_recipe=MXFP8BlockScaling(scale_rule=rule)):
@@ -99,7 +85,7 @@ def test_bad_fields():
 
 
 def test_state_dict_and_stochastic_rounding():
-    lin, _ = _pair()
+    lin, _ = float64_pair()
     x = torch.randn(8, 96, requires_grad=True)
     dy = torch.randn(8, 40)
     rec = MXFP8BlockScaling(rounding={"grad": "stochastic"})

@@ -15,7 +15,8 @@ import copy
 import pytest
 import torch
 import torch.nn as nn
-from recipe_checks import check_checkpointing_bit_identical, check_compile_bit_identical, sqnr_db, sqnr_vs_float64
+from helpers import sqnr_db
+from recipe_checks import check_checkpointing_bit_identical, check_compile_bit_identical, float64_pair, sqnr_vs_float64
 
 import fp8mix
 from fp8mix import Format, fp8_autocast
@@ -24,9 +25,7 @@ from fp8mix.recipe import CurrentScaling, RowwiseScaling, from_recipe_name
 E4 = torch.float8_e4m3fn
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny problems: one thread is fastest
 
 
 RECIPES = {
@@ -36,25 +35,10 @@ RECIPES = {
 }
 
 
-def _pair(k=96, n=40, seed=0, conv=False):
-    torch.manual_seed(seed)
-    if conv:
-        lin = fp8mix.nn.Conv1D(n, k)
-        ref = nn.Linear(k, n).double()
-        with torch.no_grad():
-            ref.weight.copy_(lin.weight.t())
-            ref.bias.copy_(lin.bias)
-        return lin, ref
-    lin = fp8mix.Linear(k, n)
-    ref = nn.Linear(k, n).double()
-    ref.load_state_dict({"weight": lin.weight.detach(), "bias": lin.bias.detach()})
-    return lin, ref
-
-
 @pytest.mark.parametrize("name", list(RECIPES))
 @pytest.mark.parametrize("conv", [False, True], ids=["linear", "conv1d"])
 def test_matches_float64_within_linear_bounds(name, conv):
-    lin, ref = _pair(conv=conv)
+    lin, ref = float64_pair(conv=conv)
     x = torch.randn(24, 96) * torch.logspace(-2, 2, 24).unsqueeze(1)  # rows of very unlike scale
     fwd, dgrad, wgrad = sqnr_vs_float64(lin, ref, x, RECIPES[name](), conv=conv)
     assert fwd >= 25, f"forward SQNR {fwd:.1f} dB"
@@ -66,7 +50,7 @@ def test_matches_float64_within_linear_bounds(name, conv):
 def test_rows_of_unlike_scale_keep_their_precision():
     """The point of row scales: rows 1e6 times smaller than the first are not flushed
     toward zero, as they are by one scale for the whole tensor."""
-    lin, ref = _pair()
+    lin, ref = float64_pair()
     with torch.no_grad():
         lin.bias.zero_()
         ref.bias.zero_()
@@ -100,7 +84,7 @@ def _q_tensor(t: torch.Tensor) -> torch.Tensor:
 
 
 def test_equals_float64_emulation_of_the_recipe():
-    lin, _ = _pair(k=160, n=48, seed=3)
+    lin, _ = float64_pair(k=160, n=48, seed=3)
     x = (torch.randn(40, 160) * 3).requires_grad_()
     dy = torch.randn(40, 48)
     for gw_hp in (False, True):
@@ -225,7 +209,7 @@ def test_fused_modules_refuse_with_a_clear_error():
 
 
 def test_double_backward_refused():
-    lin, _ = _pair()
+    lin, _ = float64_pair()
     x = torch.randn(8, 96, requires_grad=True)
     with fp8_autocast(fp8_recipe=RowwiseScaling()):
         y = lin(x)
@@ -240,7 +224,7 @@ def test_double_backward_refused():
 # ---- state: state_dict, is_first_microbatch, checkpointing, compile ------------------------
 
 def test_state_dict_round_trip():
-    lin, _ = _pair()
+    lin, _ = float64_pair()
     x = torch.randn(8, 96)
     with fp8_autocast(fp8_recipe=RowwiseScaling(rounding="stochastic")):
         lin(x.requires_grad_()).sum().backward()
@@ -251,7 +235,7 @@ def test_state_dict_round_trip():
 
 
 def test_is_first_microbatch_reuses_the_weight_casts():
-    lin, _ = _pair()
+    lin, _ = float64_pair()
     x = torch.randn(8, 96, requires_grad=True)
     with fp8_autocast(fp8_recipe=RowwiseScaling()):
         y1 = lin(x, is_first_microbatch=True)
