@@ -412,18 +412,16 @@ def test_expanded_and_degenerate_strides():
 
 
 def test_k0_with_expanded_operands():
-    """BUG: K = 0 with an expanded (row stride 0) `a` raises instead of giving the bias.
-    torch_ops.cpp keeps a (its stride(0) = 0 >= K = 0 passes the check) and passes
-    lda = a.stride(0) = 0, which fp8mix_gemm rejects (every ld >= 1) as BAD_SHAPE:
-    "ValueError: fp8mix.scaled_mm: invalid shape or leading dimension".  Expected:
-    the (3, 4) bias (as for a contiguous K = 0 `a`).  Fix: treat K == 0 like M <= 1
-    (lda = max(K, 1)) or require a.stride(0) >= max(K, 1)."""
+    """K = 0 with an expanded (row stride 0) `a` gives the (3, 4) bias, as a contiguous
+    K = 0 `a` does. (A regression test: the operand layout rule, now
+    fp8mix_gemm_operand_layout in csrc/core/mm_layout.c, once passed lda = a.stride(0) = 0,
+    which fp8mix_gemm rejects (every ld >= 1) as "invalid shape or leading dimension".)"""
     a = torch.zeros(1, 0, dtype=torch.uint8).view(E4M3).expand(3, 0)
     assert a.stride() == (0, 1)
     b = torch.zeros(4, 0, dtype=torch.uint8).view(E4M3).t()
     s = torch.tensor(1.0)
     bias = torch.arange(4.0)
-    out = fp8mix.scaled_mm(a, b, s, s, bias=bias)  # raises ValueError: invalid shape or leading dimension
+    out = fp8mix.scaled_mm(a, b, s, s, bias=bias)
     assert_same_bits(out, bias.expand(3, 4).contiguous())
 
 

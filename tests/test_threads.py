@@ -1,4 +1,4 @@
-"""fp8mix's C loops run on PyTorch's intra-op threads (csrc/torch_ops.cpp hands the C
+"""fp8mix's C loops run on PyTorch's intra-op threads (csrc/torch/module.cpp hands the C
 core torch's pool through fp8mix_set_thread_pool): with torch at 2 threads, a large GEMM
 and a large cast start no thread of their own, and the work is shared by more than one of
 torch's threads.  A second pool would compete with torch's OpenMP threads, which spin

@@ -4,7 +4,7 @@
  * of E8M0 scales into cuBLASLt's VEC32_UE8M0 layout, and the cuBLASLt MX GEMM
  * (Blackwell, compute capability 10.x; UNSUPPORTED elsewhere).  Device pointers,
  * stream-ordered, no host sync (fp8mix_cuda.h's conventions).  Not yet called by the
- * torch layer (csrc/torch_ops.cpp): compiled and type-checked by `make cuda-check`.
+ * torch layer (csrc/torch/): compiled and type-checked by `make cuda-check`.
  */
 #ifndef FP8MIX_CUDA_MX_CUH
 #define FP8MIX_CUDA_MX_CUH

@@ -3,7 +3,7 @@ refuses at run time (a device without row-wise / block scale modes, an older
 cuBLASLt, no algorithm for a shape).
 
 The CUDA op signals a refusal with a NotImplementedError whose message starts with
-REFUSED_PREFIX (csrc/torch_ops.cpp); ``is_refusal`` recognises it and
+REFUSED_PREFIX (csrc/torch/ops_cuda.cpp); ``is_refusal`` recognises it and
 ``scaled_mm_fallback`` computes the same product from torch._scaled_mm's
 per-tensor kernel, which every FP8 device and every torch version with FP8 has:
 
