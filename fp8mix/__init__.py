@@ -16,6 +16,8 @@ from .formats import Format, Granularity, fp8_dtype, fp8_max
 from .gemm import scaled_mm
 from .grad_scaler import FP8GradScaler
 from .monitor import Monitor
+from .nn.fp8_weight import dequantize_fp8_weights
+from .nn.fp8_weight_init import fp8_model_init
 from .nn import (
     LayerNorm,
     LayerNormLinear,
@@ -47,5 +49,5 @@ __all__ = [
     "fp8_dtype", "fp8_max", "cpu_isa", "set_max_isa", "__version__",
     "LayerNorm", "RMSNorm", "LayerNormLinear", "LayerNormMLP", "TransformerLayer", "convert_module_to_fp8",
     "FP8GlobalState",
-    "search_plan", "Plan", "ProgressiveFP8", "FP8Guard",
+    "search_plan", "Plan", "ProgressiveFP8", "FP8Guard", "fp8_model_init", "dequantize_fp8_weights",
 ]

@@ -6,7 +6,9 @@ also importable where users of that library look for it (``fp8mix.autocast``,
 
     Transformer Engine   autocast (TE 2.x's fp8_autocast spelling), Float8CurrentScaling,
                          Float8BlockScaling (recipe classes, defined beside the recipes in
-                         fp8mix.recipe; the modules take TE's names themselves)
+                         fp8mix.recipe; the modules take TE's names themselves),
+                         fp8_model_init and quantized_model_init (TE 1.x's and 2.x's names
+                         of fp8mix.fp8_model_init: FP8 primary weights)
     the seed text        convert_module_to_fp8 (convert_model with the recipe positional),
                          FP8GlobalState (a namespace holding fp8_autocast)
 
@@ -21,9 +23,11 @@ import torch.nn as nn
 
 from .context import fp8_autocast, get_fp8_recipe, is_fp8_enabled
 from .nn.convert import convert_model
+from .nn.fp8_weight_init import fp8_model_init, quantized_model_init
 from .recipe import Float8BlockScaling, Float8CurrentScaling
 
-__all__ = ["autocast", "Float8CurrentScaling", "Float8BlockScaling", "convert_module_to_fp8", "FP8GlobalState"]
+__all__ = ["autocast", "Float8CurrentScaling", "Float8BlockScaling", "convert_module_to_fp8", "FP8GlobalState",
+           "fp8_model_init", "quantized_model_init"]
 
 
 def autocast(enabled: bool = True, recipe=None, amax_reduction_group=None, monitor=None,

@@ -2,7 +2,9 @@
 
 Covers: ``fp8mix.optim.AdamW`` (decoupled weight decay, the same update as
 ``torch.optim.AdamW``), optional float32 master weights for bfloat16/float16 parameters,
-and the memory accounting ``AdamW.state_bytes()`` / ``bytes_per_param(opt)``.
+the memory accounting ``AdamW.state_bytes()`` / ``bytes_per_param(opt)``, and
+``FP8MasterWeights``: float32 master weights for FP8 weights (fp8mix.fp8_model_init)
+around any torch optimizer.
 Does not cover: amsgrad, maximize, capturable/fused/differentiable modes, Tensor
 learning rates, sparse gradients, complex or float64 parameters.
 
@@ -74,13 +76,15 @@ from __future__ import annotations
 
 import math
 from itertools import chain
+from typing import Any
 
 import torch
 
+from .nn.fp8_weight import fp8_weight_of, write_fp8
 from .quantization import quantize
 from .tensor import Float8Tensor
 
-__all__ = ["AdamW", "bytes_per_param"]
+__all__ = ["AdamW", "bytes_per_param", "FP8MasterWeights"]
 
 EXP_AVG_DTYPES = ("fp32", "bf16", "e4m3", "e5m2")
 EXP_AVG_SQ_DTYPES = ("fp32", "bf16", "e4m3", "e4m3_expand", "e5m2")
@@ -296,6 +300,9 @@ class AdamW(torch.optim.Optimizer):
                 if p.dtype not in _PARAM_DTYPES:
                     raise TypeError(f"fp8mix.optim.AdamW: parameters must be float32, bfloat16 or float16, "
                                     f"got {p.dtype}")
+                if fp8_weight_of(p) is not None:
+                    raise TypeError("fp8mix.optim.AdamW: an FP8 weight (fp8mix.fp8_model_init) cannot be updated in "
+                                    "place; use fp8mix.optim.FP8MasterWeights(params, fp8mix.optim.AdamW, ...)")
         except (TypeError, ValueError):
             self.param_groups.pop()
             raise
@@ -427,3 +434,121 @@ def bytes_per_param(opt: torch.optim.Optimizer) -> float:
         total = sum(t.numel() * t.element_size() for st in opt.state.values() for t in st.values()
                     if isinstance(t, torch.Tensor))
     return total / n if n else 0.0
+
+
+# ---- float32 master weights for FP8 weights -----------------------------------------------
+class FP8MasterWeights(torch.optim.Optimizer):
+    """Train FP8 weights (fp8mix.fp8_model_init) with any torch optimizer on float32 masters.
+
+    ``FP8MasterWeights(params, optimizer_class, **kwargs)`` (torch's
+    ZeroRedundancyOptimizer's shape) builds ``optimizer_class(masters, **kwargs)`` where
+    each FP8 weight is replaced by a float32 master holding its value (its high-precision
+    initial value when fp8_model_init kept it, else the dequantised FP8 weight) and every
+    other parameter is itself. ``step()`` hands each FP8 weight's gradient (as float32) to
+    its master, runs the inner step, and writes every updated master back into its FP8
+    weight by the weight's rule (current per-tensor scaling: fp8mix.nn.fp8_weight), the
+    amaxes of FSDP2-sharded weights in one all-reduce, so that every shard of a weight has
+    the same scale. The high-precision weight lives only here: the module holds 1 byte per
+    element.
+
+    ``param_groups`` and ``state`` are the inner optimizer's (LR schedulers, gradient
+    clipping of the model's parameters work as usual). ``state_dict()`` is the inner one's
+    plus ``"fp8_masters"`` (the masters, in parameter order): a resume is exact.
+    DTensor parameters (FSDP2) get DTensor masters with the same placements.
+    """
+
+    def __init__(self, params, optimizer_class=None, **optimizer_kwargs):
+        if optimizer_class is None:
+            optimizer_class = torch.optim.AdamW
+        if not (isinstance(optimizer_class, type) and issubclass(optimizer_class, torch.optim.Optimizer)):
+            raise TypeError(f"FP8MasterWeights: optimizer_class must be a torch.optim.Optimizer subclass, got "
+                            f"{optimizer_class!r}")
+        groups = list(params)
+        if not groups:
+            raise ValueError("FP8MasterWeights got an empty parameter list")
+        if not isinstance(groups[0], dict):
+            groups = [{"params": groups}]
+        self._pairs: list = []  # (FP8 weight Parameter, its float32 master)
+        inner_groups = []
+        for g in groups:
+            g = dict(g)
+            ps = [g["params"]] if isinstance(g["params"], torch.Tensor) else list(g["params"])
+            g["params"] = [self._master_of(p) for p in ps]
+            inner_groups.append(g)
+        self.inner = optimizer_class(inner_groups, **optimizer_kwargs)
+        # the Optimizer machinery (hooks, profiling names) around the inner optimizer's groups and state
+        super().__init__(self.inner.param_groups, self.inner.defaults)
+        self.param_groups = self.inner.param_groups
+        self.state = self.inner.state
+
+    @staticmethod
+    def _new_master(p: Any) -> torch.Tensor:
+        w = fp8_weight_of(p)
+        assert w is not None
+        hp = w.get_high_precision_init_val() if w is p else None
+        local = hp.to(device=w.device, dtype=torch.float32, copy=True) if hp is not None \
+            else w.dequantize(torch.float32)
+        if w is p:
+            return local
+        from torch.distributed.tensor import DTensor
+        return DTensor.from_local(local, p.device_mesh, p.placements, run_check=False, shape=p.shape,
+                                  stride=p.stride())
+
+    def _master_of(self, p: torch.Tensor) -> torch.Tensor:
+        if fp8_weight_of(p) is None:
+            return p
+        m = self._new_master(p).detach().requires_grad_(p.requires_grad)
+        self._pairs.append((p, m))
+        return m
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """The inner step on the masters, then the FP8 weights written from them."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        stepped = []
+        for p, m in self._pairs:
+            if p.grad is None:
+                m.grad = None
+                continue
+            m.grad = p.grad if p.grad.dtype == torch.float32 else p.grad.float()
+            stepped.append((p, m))
+        self.inner.step()
+        if stepped:
+            write_fp8([p for p, _ in stepped], [m for _, m in stepped])
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.inner.zero_grad(set_to_none=set_to_none)
+        for p, _ in self._pairs:
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.zero_()
+
+    def state_dict(self) -> dict:
+        sd = self.inner.state_dict()
+        sd["fp8_masters"] = [m.detach() for _, m in self._pairs]
+        return sd
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """The inner optimizer's state and the masters (the FP8 weights are the model's
+        checkpoint; they equal the masters cast, as after every step)."""
+        sd = dict(state_dict)
+        masters = sd.pop("fp8_masters", None)
+        if masters is None or len(masters) != len(self._pairs):
+            raise ValueError(f"FP8MasterWeights.load_state_dict: expected {len(self._pairs)} masters under "
+                             f"'fp8_masters', got {None if masters is None else len(masters)}")
+        with torch.no_grad():
+            for (_, m), saved in zip(self._pairs, masters):
+                m.copy_(saved)
+        self.inner.load_state_dict(sd)
+        self.param_groups = self.inner.param_groups
+        self.state = self.inner.state
+
+    def masters(self) -> list:
+        """(FP8 weight, float32 master) pairs, in parameter order."""
+        return list(self._pairs)
+

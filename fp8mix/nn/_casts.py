@@ -28,6 +28,7 @@ from ._plan import IN as _IN
 from ._plan import G as _G
 from ._plan import StepPlan, fmt_dtype, grad_state, recipe_consts
 from ._plan import W as _W
+from .fp8_weight import FP8WeightBase
 
 __all__ = ["cast_input", "cast_weight", "recast_weight", "input_layout", "grad_casts",
            "block_wgrad_cast", "grad_operands", "all_reduce_max", "python_algo_scale"]
@@ -180,7 +181,11 @@ def _weight_key(m, w: torch.Tensor, plan: StepPlan):
 def cast_weight(m, w: torch.Tensor, plan: StepPlan, replay, is_first_microbatch):
     """FP8 weight, its transpose (tn only, else None) and scale_inv. is_first_microbatch:
     None casts every call; True casts and keeps the result; False reuses what the last True
-    call kept (Transformer Engine's gradient-accumulation convention)."""
+    call kept (Transformer Engine's gradient-accumulation convention). An FP8 weight
+    (fp8mix.nn.fp8_weight: fp8_model_init's, or what FSDP2 all-gathered in FP8) is not
+    cast again: its bytes and scale are the operands, whatever is_first_microbatch says."""
+    if isinstance(w, FP8WeightBase):
+        return w.gemm_operands(plan)
     if replay is not None and replay.w_cached is not None:
         plan.w_cached = replay.w_cached
         return replay.w_cached

@@ -23,6 +23,7 @@ from ._axis import axis_forward
 from ._casts import all_reduce_max, cast_input, cast_weight, input_layout, python_algo_scale
 from ._function import FP8LinearFunction, apply_fused
 from ._plan import Operands, Path, StepPlan, delayed_spec, fmt_dtype, grad_state, recipe_consts
+from .fp8_weight import FP8WeightBase, check_recipe
 from .observe import auto_forward, monitor_forward
 from .recompute import in_recompute, under_saved_tensor_hooks
 
@@ -246,6 +247,8 @@ def make_plan(m, x2, weight, frame, replay, recompute: bool, layout: str, is_fir
             m._nograd_frame = frame  # for a reentrant checkpoint's recompute of this forward
         elif not recompute and m._nograd_frame is not None:  # (nn.Module.__setattr__ costs a microsecond)
             m._nograd_frame = None
+    if isinstance(weight, FP8WeightBase):  # serves one weight rule: any other recipe raises before a cast
+        check_recipe(m, weight, recipe)
     consts = recipe_consts(recipe, eager=eager)
     auto_use = -1
     if replay is None and consts.fmts is None and eager and record:  # Format.AUTO

@@ -9,20 +9,27 @@ to :class:`fp8mix.nn.Conv1D`. Linear-like modules that are not converted are rep
 with the reason: subclasses of nn.Linear (they may compute otherwise: LoRA layers,
 quantised layers), parametrized Linears (``torch.nn.utils.parametrize``), and the output
 projection of ``nn.MultiheadAttention``, which uses its weight directly.
+
+``fsdp_fp8_all_gather=True`` also makes FSDP2 (``fully_shard``, applied afterwards) move
+the fp8mix layers' GEMM weights in FP8 (fp8mix.nn.fp8_weight.FP8AllGatherWeight). A model
+already sharded by fully_shard is refused: FSDP2 shards the Parameters it finds, so the
+fp8mix modules must be in place before it runs.
 """
 from __future__ import annotations
 
 import logging
 import os
+import sys
 import warnings
 from typing import Callable, Optional
 
 import torch
 import torch.nn as nn
 
-from ..recipe import RECIPES, from_config
+from ..recipe import RECIPES, CurrentScaling, from_config
 from .conv1d import Conv1D
 from .fp8_state import FP8_STATE_KEYS, FP8StateMixin
+from .fp8_weight import WeightScaling, enable_fp8_all_gather, gemm_weight_names
 from .linear import Linear
 
 __all__ = ["convert_model", "unconvert_model", "strip_fp8_state", "load_fp8_state", "ConversionReport"]
@@ -52,11 +59,15 @@ def _skip_reason(m: nn.Module) -> Optional[str]:
 
 
 class ConversionReport(list):
-    """What convert_model did: a list of converted names, with ``skipped`` ({name: reason})."""
+    """What convert_model did: a list of converted names, with ``skipped`` ({name: reason})
+    and, with fsdp_fp8_all_gather, ``fp8_all_gather`` (names of the layers whose weights
+    FSDP2 all-gathers in FP8) and ``fp8_all_gather_skipped`` ({name: reason})."""
 
     def __init__(self):
         super().__init__()
         self.skipped: dict = {}
+        self.fp8_all_gather: list = []
+        self.fp8_all_gather_skipped: dict = {}
 
 
 def _convert_one(m: nn.Module) -> None:
@@ -71,7 +82,7 @@ def _convert_one(m: nn.Module) -> None:
 
 
 def convert_model(model: nn.Module, *, module_filter_fn: Optional[Callable[[nn.Module, str], bool]] = None,
-                  recipe=None, config=None, plan=None) -> nn.Module:
+                  recipe=None, config=None, plan=None, fsdp_fp8_all_gather: Optional[bool] = None) -> nn.Module:
     """Turn every ``nn.Linear`` (and Hugging Face ``Conv1D``) of `model` into its fp8mix
     version in place, keeping its Parameters, and return `model`.
 
@@ -80,7 +91,8 @@ def convert_model(model: nn.Module, *, module_filter_fn: Optional[Callable[[nn.M
             it returns False stay in high precision, e.g. the first and last layers, to raise
             the FP8 share of a model step by step.
         recipe: accepted for symmetry with Transformer Engine; the recipe is chosen by
-            :func:`fp8mix.fp8_autocast` at run time.
+            :func:`fp8mix.fp8_autocast` at run time. With fsdp_fp8_all_gather, the recipe
+            the FP8-gathered layers run with (their ``fp8_recipe``; default CurrentScaling()).
         config: for torchao users: one of torchao's recipe names (``"tensorwise"``,
             ``"rowwise"``, ``"rowwise_with_gw_hp"``), a torchao ``Float8LinearConfig`` (or
             an object with its fields) or an fp8mix recipe (see
@@ -91,6 +103,20 @@ def convert_model(model: nn.Module, *, module_filter_fn: Optional[Callable[[nn.M
         plan: an :class:`fp8mix.Plan` (from :func:`fp8mix.search_plan` or ``Plan.load``):
             after converting, each planned layer gets its decision (``fp8_enabled`` /
             ``fp8_recipe``), layers the plan keeps stay in high precision.
+        fsdp_fp8_all_gather: FSDP2 all-gathers the GEMM weights of every fp8mix layer
+            (converted here or built as one) in FP8, cast before the all-gather by current
+            per-tensor scaling of the whole weight, and the forward and backward GEMMs use
+            the gathered bytes (torchao's enable_fsdp_float8_all_gather). Those layers run
+            with that rule's recipe: `recipe`, or `config`'s, or CurrentScaling(), set as
+            their ``fp8_recipe``; a recipe whose weight role is another (DelayedScaling,
+            BlockScaling, rowwise, MX, Format.AUTO, stochastic weight rounding) raises
+            ValueError. Default (None): as `config`'s ``enable_fsdp_float8_all_gather``
+            says, else False. Layers a plan keeps in high precision, layers below
+            ``fp8_min_features`` and fp8_model_init's (already FP8) are left as they are; a
+            weight shared with another module (tied embeddings) raises. The weights become
+            new Parameters (same storage): build the optimizer after fully_shard, as FSDP2
+            wants anyway. Call :func:`fp8mix.distributed.precompute_fp8_scales_for_fsdp`
+            after each optimizer step to compute every layer's scale in one all-reduce.
 
     The modules converted and those left out (with the reason) are logged at INFO level and
     kept in ``model.fp8_conversion`` (a list of names with ``.skipped``: {name: reason});
@@ -108,8 +134,14 @@ def convert_model(model: nn.Module, *, module_filter_fn: Optional[Callable[[nn.M
         raise TypeError("module_filter_fn must be callable (module, fqn) -> bool")
     if plan is not None and not callable(getattr(plan, "apply", None)):  # duck-typed: nn never imports plan
         raise TypeError(f"convert_model: plan must be an fp8mix.Plan, got {type(plan).__name__}")
+    all_gather = _all_gather_wanted(fsdp_fp8_all_gather, config)
+    ag_recipe = None
+    if all_gather:  # a recipe the FP8 all-gather cannot serve raises before anything changes
+        ag_recipe = recipe or layer_recipe or CurrentScaling()
+        WeightScaling.from_recipe(ag_recipe, "fp8mix.convert_model(fsdp_fp8_all_gather=True)")
     report = ConversionReport()
     seen: set = set()
+    todo = []
     for fqn, m in model.named_modules(remove_duplicate=False):
         if id(m) in seen or isinstance(m, FP8StateMixin) or not _linear_like(m):
             continue
@@ -122,14 +154,93 @@ def convert_model(model: nn.Module, *, module_filter_fn: Optional[Callable[[nn.M
         if reason is not None:
             report.skipped[name] = reason
             continue
+        todo.append((name, m))
+    _refuse_sharded(model, [m for _, m in todo], all_gather)
+    for name, m in todo:
         _convert_one(m)
         if layer_recipe is not None:
             m.fp8_recipe = layer_recipe
         report.append(name)
-    _report(model, report)
     if plan is not None:
         plan.apply(model)
+    if all_gather:
+        _fp8_all_gather(model, ag_recipe, report)
+    _report(model, report)
     return model
+
+
+def _all_gather_wanted(flag: Optional[bool], config) -> bool:
+    """fsdp_fp8_all_gather, or torchao's Float8LinearConfig.enable_fsdp_float8_all_gather."""
+    from_cfg = getattr(config, "enable_fsdp_float8_all_gather", None) if config is not None else None
+    if flag is not None and not isinstance(flag, bool):
+        raise TypeError(f"convert_model: fsdp_fp8_all_gather must be True, False or None, got {flag!r}")
+    if flag is False and from_cfg:
+        raise ValueError("convert_model: fsdp_fp8_all_gather=False contradicts the config's "
+                         "enable_fsdp_float8_all_gather=True")
+    return bool(flag) or bool(from_cfg)
+
+
+def _fsdp_managed(model: nn.Module) -> set:
+    """ids of the modules of `model` whose parameters FSDP2 (fully_shard) manages."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")  # (never imported: nothing can be sharded)
+    cls = getattr(fsdp, "FSDPModule", None)
+    if cls is None:
+        return set()
+    return {id(sub) for m in model.modules() if isinstance(m, cls) for sub in m.modules()}
+
+
+def _refuse_sharded(model: nn.Module, to_convert: list, all_gather: bool) -> None:
+    """A clear error (never a hang in a later collective) for modules fully_shard has sharded."""
+    managed = _fsdp_managed(model)
+    if not managed:
+        return
+    hit = [m for m in to_convert if id(m) in managed]
+    if all_gather:
+        hit += [m for m in model.modules() if isinstance(m, FP8StateMixin) and id(m) in managed]
+    if hit:
+        names = {id(m): n or type(model).__name__ for n, m in model.named_modules()}
+        listed = ", ".join(repr(names.get(id(m), type(m).__name__)) for m in hit[:5])
+        raise ValueError(f"fp8mix.convert_model: {listed}{' ...' if len(hit) > 5 else ''} already sharded by "
+                         "fully_shard (FSDP2). Convert the model before fully_shard: FSDP2 shards the Parameters "
+                         "it finds, so the fp8mix modules (and their FP8 all-gather) must be in place by then")
+
+
+def _fp8_all_gather(model: nn.Module, recipe, report: ConversionReport) -> None:
+    """FSDP2 FP8 all-gather for every fp8mix layer of `model` that can take it."""
+    scaling = WeightScaling.from_recipe(recipe, "fp8mix.convert_model(fsdp_fp8_all_gather=True)")
+    holders: dict = {}  # id(Parameter) -> names it is registered under
+    for fqn, mod in model.named_modules(remove_duplicate=False):
+        for pn, p in mod._parameters.items():
+            if p is not None:
+                holders.setdefault(id(p), set()).add(f"{fqn}.{pn}" if fqn else pn)
+    for fqn, m in model.named_modules():
+        if not isinstance(m, FP8StateMixin):
+            continue
+        name = fqn or type(model).__name__
+        weights: list = [m._parameters[n] for n in gemm_weight_names(m)]
+        if not m.fp8_enabled:
+            report.fp8_all_gather_skipped[name] = "fp8_enabled=False (kept in high precision)"
+            continue
+        if min(min(w.shape) for w in weights) < m.fp8_min_features:
+            report.fp8_all_gather_skipped[name] = f"fewer than fp8_min_features={m.fp8_min_features} features " \
+                                                  "(runs in high precision)"
+            continue
+        for n, w in zip(gemm_weight_names(m), weights):
+            if len(holders[id(w)]) > 1:
+                raise ValueError(f"fp8mix.convert_model(fsdp_fp8_all_gather=True): {name}.{n} is shared "
+                                 f"({sorted(holders[id(w)])}); a shared weight cannot be all-gathered in FP8 (the "
+                                 "other module would read the FP8 value); untie it or exclude the layer")
+        if m.fp8_recipe is not None and m.fp8_recipe != recipe:
+            own = WeightScaling.from_recipe(m.fp8_recipe, f"fp8mix.convert_model: {name}'s fp8_recipe")
+            if own != scaling:
+                raise ValueError(f"fp8mix.convert_model: {name}'s fp8_recipe casts the weight as {own}, not as the "
+                                 f"FP8 all-gather's {scaling}")
+        if enable_fp8_all_gather(m, scaling):
+            if m.fp8_recipe is None:
+                m.fp8_recipe = recipe
+            if getattr(m, "_fp8_name", None) is None:
+                m.__dict__["_fp8_name"] = name  # (errors and monitor labels name it)
+            report.fp8_all_gather.append(name)
 
 
 def _report(model: nn.Module, report: ConversionReport) -> None:
@@ -140,11 +251,15 @@ def _report(model: nn.Module, report: ConversionReport) -> None:
     log.info("fp8mix.convert_model: converted %d layer(s)%s", len(report),
              "" if not report.skipped else "; left in high precision: " +
              "; ".join(f"{k} ({v})" for k, v in report.skipped.items()))
+    if report.fp8_all_gather or report.fp8_all_gather_skipped:
+        log.info("fp8mix.convert_model: FSDP2 FP8 all-gather for %d layer(s)%s", len(report.fp8_all_gather),
+                 "" if not report.fp8_all_gather_skipped else "; not for: " +
+                 "; ".join(f"{k} ({v})" for k, v in report.fp8_all_gather_skipped.items()))
     odd = {k: v for k, v in report.skipped.items() if v != "module_filter_fn returned False"}
     if odd:
         warnings.warn("fp8mix.convert_model left these Linear-like modules in high precision: " +
                       "; ".join(f"{k}: {v}" for k, v in odd.items()), UserWarning, stacklevel=3)
-    if not report:
+    if not report and not report.fp8_all_gather:
         warnings.warn(f"fp8mix.convert_model: no layer of {type(model).__name__} was converted (it has no "
                       "nn.Linear or Conv1D, or the filter excluded them all)", UserWarning, stacklevel=3)
 

@@ -204,7 +204,7 @@ def test_convert_model_signature():
     sig = inspect.signature(fp8mix.convert_model)
     assert [(p.name, p.default) for p in sig.parameters.values()] == \
         [("model", inspect.Parameter.empty), ("module_filter_fn", None), ("recipe", None), ("config", None),
-         ("plan", None)]
+         ("plan", None), ("fsdp_fp8_all_gather", None)]
 
 
 def test_convert_model_swaps_nested_linears_sharing_parameters():
