@@ -16,8 +16,6 @@ from .formats import Format, Granularity, fp8_dtype, fp8_max
 from .gemm import scaled_mm
 from .grad_scaler import FP8GradScaler
 from .monitor import Monitor
-from .nn.fp8_weight import dequantize_fp8_weights
-from .nn.fp8_weight_init import fp8_model_init
 from .nn import (
     LayerNorm,
     LayerNormLinear,
@@ -31,6 +29,8 @@ from .nn import (
     strip_fp8_state,
     unconvert_model,
 )
+from .nn.fp8_weight import dequantize_fp8_weights
+from .nn.fp8_weight_init import fp8_model_init
 from .ops import cpu_isa, set_max_isa
 from .plan import FP8Guard, Plan, ProgressiveFP8, search_plan
 from .quantization import amax, cast_transpose, dequantize, quantize

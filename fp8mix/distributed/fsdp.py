@@ -33,7 +33,9 @@ def precompute_fp8_scales_for_fsdp(module: torch.nn.Module) -> int:
     `module` from one MAX all-reduce of their amaxes (per mesh), for the all-gathers until
     the weights change again. Call it after ``optimizer.step()`` on every rank (it is a
     collective). Returns how many weights it set; FP8 primary weights (fp8_model_init)
-    need nothing (their scale is written with them)."""
+    need nothing (their scale is written with them). A scale serves until its weight's
+    Parameter changes (its version counter: in-place updates, load_state_dict; not a
+    write through ``.data``), after which the all-gather all-reduces the amax again."""
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"precompute_fp8_scales_for_fsdp expects an nn.Module, got {type(module).__name__}")
     params: list = [p for p in module.parameters() if isinstance(_local(p), FP8AllGatherWeight)]
@@ -47,7 +49,7 @@ def precompute_fp8_scales_for_fsdp(module: torch.nn.Module) -> int:
     for rule, idx in by_rule.items():  # one scale op per rule, not per layer
         scale, sinv = rule.scales(torch.cat([amaxes[i] for i in idx]))
         for k, i in enumerate(idx):
-            shards[i].set_scale(scale[k:k + 1], sinv[k:k + 1])
+            shards[i].set_scale(scale[k:k + 1], sinv[k:k + 1], version=params[i]._version)
     return len(params)
 
 

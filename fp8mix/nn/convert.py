@@ -141,7 +141,7 @@ def convert_model(model: nn.Module, *, module_filter_fn: Optional[Callable[[nn.M
         WeightScaling.from_recipe(ag_recipe, "fp8mix.convert_model(fsdp_fp8_all_gather=True)")
     report = ConversionReport()
     seen: set = set()
-    todo = []
+    todo, candidates = [], []
     for fqn, m in model.named_modules(remove_duplicate=False):
         if id(m) in seen or isinstance(m, FP8StateMixin) or not _linear_like(m):
             continue
@@ -150,12 +150,13 @@ def convert_model(model: nn.Module, *, module_filter_fn: Optional[Callable[[nn.M
         if module_filter_fn is not None and not module_filter_fn(m, fqn):
             report.skipped[name] = "module_filter_fn returned False"
             continue
+        candidates.append(m)  # (fully_shard makes its class a subclass: checked before the skip reasons)
         reason = _skip_reason(m)
         if reason is not None:
             report.skipped[name] = reason
             continue
         todo.append((name, m))
-    _refuse_sharded(model, [m for _, m in todo], all_gather)
+    _refuse_sharded(model, candidates, all_gather)
     for name, m in todo:
         _convert_one(m)
         if layer_recipe is not None:

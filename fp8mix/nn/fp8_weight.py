@@ -365,7 +365,12 @@ class FP8AllGatherWeight(FP8WeightBase):
     ``fsdp_pre_all_gather`` casts the shard with the whole weight's scale: from
     :func:`fp8mix.distributed.precompute_fp8_scales_for_fsdp` (every layer's amax in one
     all-reduce), else from an all-reduce of this weight's amax; either is kept until the
-    weight changes (its version counter), so the backward's all-gather reuses it."""
+    weight changes, so the backward's all-gather reuses it. "Changes" is the version
+    counter of the sharded Parameter (FSDP2's DTensor, which in-place updates such as an
+    optimizer step or load_state_dict bump; the local tensor's own counter does not move
+    under DTensor): a write through ``.data`` goes unseen, so after one call
+    precompute_fp8_scales_for_fsdp again. Without a Parameter to read it from, every
+    all-gather all-reduces."""
 
     _tensor: torch.Tensor
 
@@ -387,9 +392,10 @@ class FP8AllGatherWeight(FP8WeightBase):
         q, qt, _ = ops.cast(w.contiguous(), scale, self.scaling.fp8_dtype, transpose=plan.tn, inf_to_nan=True)
         return q, (qt if plan.tn else None), sinv
 
-    def set_scale(self, scale: torch.Tensor, scale_inv: torch.Tensor) -> None:
-        """Use these (the whole weight's, computed by the caller on every rank alike) until the weight changes."""
-        self._scale_cache = (self._tensor._version, scale.reshape(1), scale_inv.reshape(1))
+    def set_scale(self, scale: torch.Tensor, scale_inv: torch.Tensor, version: int) -> None:
+        """Use these (the whole weight's, computed by the caller on every rank alike) while the
+        sharded Parameter's version is `version`."""
+        self._scale_cache = (version, scale.reshape(1), scale_inv.reshape(1))
 
     def __repr__(self, *, tensor_contents=None):
         return f"FP8AllGatherWeight(shape={tuple(self.shape)}, dtype={self.dtype}, fp8={self.scaling.fp8_dtype})"
@@ -419,18 +425,28 @@ class FP8AllGatherWeight(FP8WeightBase):
 
     def fsdp_pre_all_gather(self, mesh, outer_size, outer_stride, module, mp_policy):
         """The shard's FP8 bytes under the whole weight's scale (as uint8, padded as FSDP2 pads)."""
+        version = _param_version(module, self)
         c = self._scale_cache
-        if c is None or c[0] != self._tensor._version:
+        if c is None or version is None or c[0] != version:
             (amax,) = global_amaxes([self._tensor], [[mesh.get_group()]])
-            self.set_scale(*self.scaling.scales(amax))
-            c = self._scale_cache
-        assert c is not None
+            scale, sinv = self.scaling.scales(amax)
+            c = (version, scale.reshape(1), sinv.reshape(1))
+            if version is not None:
+                self._scale_cache = c
         q = self.scaling.cast(self._tensor, c[1])
         rows = -(-outer_size[0] // mesh.size())
         return (_pad_rows(q, rows).view(torch.uint8),), (c[2], self.scaling.fp8_dtype)
 
     def fsdp_post_all_gather(self, all_gather_outputs, metadata, param_dtype, *, out=None):
         return _gathered(all_gather_outputs, metadata, param_dtype, self.scaling, out)
+
+
+def _param_version(module, local: torch.Tensor) -> Optional[int]:
+    """The version counter of `module`'s Parameter whose local tensor is `local`, or None."""
+    for p in module._parameters.values():
+        if p is not None and _local(p) is local:
+            return p._version
+    return None
 
 
 # FSDP2 pads and moves the shard: these keep the wrapper (torchao's list, plus views)
