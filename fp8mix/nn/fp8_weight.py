@@ -32,16 +32,20 @@ second cast), and the autograd function keeps those bytes for dgrad, where FSDP2
 gathered them again before the backward. The weight gradient is a plain tensor of the
 presented dtype. Any other op on an FP8Weight (outside fp8_autocast, a layer FP8 leaves in
 high precision, ``weight.sum()``) computes on the dequantised weight; in-place ops other
-than ``copy_`` raise (an optimizer updating FP8 bytes in place would round every update
-away): fp8mix.optim.FP8MasterWeights keeps float32 masters and writes the FP8 weights back.
+than ``copy_`` and the initialisers (normal_, uniform_, fill_, zero_: their result does not
+read the old value; computed in high precision, then cast) raise (an optimizer updating FP8
+bytes in place would round every update away): fp8mix.optim.FP8MasterWeights keeps float32
+masters and writes the FP8 weights back.
 
-Checkpoints: a module with FP8 weights saves ``<name>`` as the FP8 bytes (a float8 tensor,
-a DTensor of them when sharded) and ``<name>_scale_inv`` (float32): plain tensors, so
-torch.save (weights_only) and torch.distributed.checkpoint store them and reshard them; a
-load restores both exactly. A high-precision checkpoint loads into an FP8 weight by casting
-it with the rule above (sharded: one all-reduce for the amax). A model built without FP8
-weights loads an FP8 checkpoint after :func:`dequantize_fp8_weights`. FP8AllGatherWeight
-saves its high-precision value (as if it were a plain weight).
+Checkpoints: a module with an FP8 weight ``<name>`` saves ``<name>_fp8`` (the FP8 bytes: a
+float8 tensor, a DTensor of them when sharded) and ``<name>_scale_inv`` (float32) in its
+place: plain tensors, so torch.save (weights_only) and torch.distributed.checkpoint store
+and reshard them, and a load restores both exactly. They are not named ``<name>``: a model
+built without FP8 weights then refuses them (load_state_dict: missing / unexpected keys;
+torch.distributed.checkpoint: the key is missing) instead of reading FP8 codes as values;
+it loads :func:`dequantize_fp8_weights`' copy. A high-precision checkpoint (``<name>``)
+loads into an FP8 weight cast by the rule above (sharded: one all-reduce for the amax).
+FP8AllGatherWeight saves its high-precision value under ``<name>``, as a plain weight.
 
 Not covered: torch.compile of a module holding these weights; the meta device (build the
 module on a real device); tensor parallelism (DTensor weights: fp8mix.distributed's TP files).
@@ -64,7 +68,7 @@ __all__ = ["WeightScaling", "FP8WeightBase", "FP8Weight", "FP8AllGatherWeight", 
 aten = torch.ops.aten
 _HP = (torch.float32, torch.bfloat16, torch.float16)
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
-_SCALE_SUFFIX = "_scale_inv"
+_BYTES_SUFFIX, _SCALE_SUFFIX = "_fp8", "_scale_inv"  # checkpoint entries of an FP8 weight
 
 
 # ---- the scaling rule ---------------------------------------------------------------------
@@ -347,6 +351,20 @@ def _op_copy(func, args, kwargs):
     return func(dst, src.dequantize(dst.dtype if dst.dtype in _HP else torch.float32), *args[2:], **kwargs)
 
 
+def _op_overwrite(func, args, kwargs):
+    """In-place ops whose result does not read the old value (initialisers: normal_,
+    uniform_, fill_, zero_): run on a high-precision tensor (the random stream consumed as
+    for a plain weight), then cast by the rule, as copy_ does. (A module built under
+    fp8_model_init may be initialised again by its parent: TransformerLayer's init_method.)"""
+    self = args[0]
+    hp = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+    func(hp, *args[1:], **kwargs)
+    _op_copy(aten.copy_.default, (self, hp), {})
+    if "_hp_init" in self.__dict__:  # preserve_high_precision_init_val: the new initial value
+        self.__dict__["_hp_init"] = hp.to("cpu", copy=True)
+    return self
+
+
 _FP8_OPS = {
     **{op: _op_view for op in (aten.detach.default, aten.alias.default, aten.view.default, aten._unsafe_view.default,
                                aten.t.default, aten.transpose.int, aten.as_strided.default, aten.slice.Tensor,
@@ -355,6 +373,8 @@ _FP8_OPS = {
     aten._to_copy.default: _op_to_copy,
     **{op: _op_new for op in (aten.new_zeros.default, aten.new_empty.default) + _LIKE},
     aten.copy_.default: _op_copy,
+    **{op: _op_overwrite for op in (aten.normal_.default, aten.uniform_.default, aten.fill_.Scalar,
+                                    aten.fill_.Tensor, aten.zero_.default)},
 }
 
 
@@ -572,9 +592,28 @@ def enable_fp8_all_gather(m, scaling: WeightScaling) -> list:
 
 
 def _add_hooks(m) -> None:
-    if "_fp8_weight_hooks" not in m.__dict__:
-        m.__dict__["_fp8_weight_hooks"] = [m._register_state_dict_hook(_save_weights),
-                                           m._register_load_state_dict_pre_hook(_load_weights, with_module=True)]
+    if "_fp8_weight_hooks" in m.__dict__:
+        return
+    m.__dict__["_fp8_weight_hooks"] = [m._register_state_dict_hook(_save_weights),
+                                       m._register_load_state_dict_pre_hook(_load_weights, with_module=True)]
+    for n in gemm_weight_names(m):  # (see _CheckpointEntry)
+        m.__dict__[n + _BYTES_SUFFIX] = _CheckpointEntry(n, "FP8 bytes")
+        m.__dict__[n + _SCALE_SUFFIX] = _CheckpointEntry(n, "scale_inv")
+
+
+class _CheckpointEntry:
+    """Stands, as a module attribute, for a state_dict entry of an FP8 weight that is not a
+    Parameter or buffer of its own (``<name>_fp8``, ``<name>_scale_inv``):
+    torch.distributed.checkpoint's state_dict helpers (get_model_state_dict) look every key
+    up as an attribute. Not a tensor: the values are the weight's (state_dict() gives them)."""
+
+    __slots__ = ("weight", "part")
+
+    def __init__(self, weight: str, part: str):
+        self.weight, self.part = weight, part
+
+    def __repr__(self) -> str:
+        return f"<the {self.part} of FP8 weight {self.weight!r} in checkpoints: module.state_dict()>"
 
 
 def _like(t: Any, local: torch.Tensor) -> torch.Tensor:
@@ -586,9 +625,10 @@ def _like(t: Any, local: torch.Tensor) -> torch.Tensor:
 
 
 def _save_weights(module, state_dict, prefix, local_metadata):
-    """state_dict() hook: an FP8Weight saves its bytes and scale_inv (aliases: a load in
-    place, as torch.distributed.checkpoint's, writes the weight); FP8AllGatherWeight saves
-    its high-precision value."""
+    """state_dict() hook: an FP8Weight ``<name>`` saves ``<name>_fp8`` (its bytes) and
+    ``<name>_scale_inv`` instead, aliases of the weight's own (a load in place, as
+    torch.distributed.checkpoint's, writes the weight); FP8AllGatherWeight saves its
+    high-precision value under ``<name>``, as a plain weight would."""
     for n in gemm_weight_names(module):
         key = prefix + n
         v = state_dict.get(key)
@@ -596,7 +636,8 @@ def _save_weights(module, state_dict, prefix, local_metadata):
             continue
         loc = _local(v)
         if isinstance(loc, FP8Weight):
-            state_dict[key] = _like(v, loc._data)
+            del state_dict[key]
+            state_dict[key + _BYTES_SUFFIX] = _like(v, loc._data)
             state_dict[key + _SCALE_SUFFIX] = loc._scale_inv
         elif isinstance(loc, FP8AllGatherWeight):
             state_dict[key] = _like(v, loc._tensor)
@@ -604,52 +645,54 @@ def _save_weights(module, state_dict, prefix, local_metadata):
 
 
 def _load_weights(module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
-    """load_state_dict() pre-hook: FP8 bytes + scale_inv load into an FP8 weight exactly;
-    a high-precision value loads cast by the weight's rule (sharded: the amax all-reduced);
-    an FP8 checkpoint into a high-precision weight raises (dequantize_fp8_weights first)."""
+    """load_state_dict() pre-hook: ``<name>_fp8`` + ``<name>_scale_inv`` load into an FP8
+    weight exactly; a high-precision ``<name>`` loads cast by the weight's rule (sharded: the
+    amax all-reduced); FP8 entries into a high-precision weight raise (they would be codes
+    without their scale: dequantize_fp8_weights first)."""
     for n in gemm_weight_names(module):
         key = prefix + n
-        src = state_dict.get(key)
         p = module._parameters.get(n)
-        if src is None or p is None:
+        if p is None:
             continue
-        dst, loc = _local(p), _local(src)
-        sinv = state_dict.pop(key + _SCALE_SUFFIX, None)
-        if isinstance(dst, FP8AllGatherWeight) or not isinstance(dst, FP8Weight):
-            if loc.dtype in _FP8:
-                raise ValueError(f"fp8mix.{type(module).__name__}: the checkpoint holds {key} as FP8 bytes (saved "
-                                 "from FP8 weights) but this module's weight is high precision; load "
+        dst = _local(p)
+        if key + _BYTES_SUFFIX in state_dict:
+            if not isinstance(dst, FP8Weight):
+                raise ValueError(f"fp8mix.{type(module).__name__}: the checkpoint holds {key} as FP8 bytes "
+                                 f"({key + _BYTES_SUFFIX}) but this module's weight is high precision; load "
                                  "fp8mix.dequantize_fp8_weights(state_dict) instead")
-            continue
-        if isinstance(loc, FP8Weight):
-            continue
-        if loc.dtype in _FP8:
+            src = state_dict.pop(key + _BYTES_SUFFIX)
+            sinv = state_dict.pop(key + _SCALE_SUFFIX, None)
             if sinv is None:
-                raise ValueError(f"fp8mix.{type(module).__name__}: {key} holds FP8 bytes but the checkpoint has no "
+                raise ValueError(f"fp8mix.{type(module).__name__}: the checkpoint has {key + _BYTES_SUFFIX} but no "
                                  f"{key + _SCALE_SUFFIX}")
-            w = FP8Weight(loc, sinv.reshape(dst._scale_inv.shape).to(torch.float32), dtype=dst.dtype,
+            w = FP8Weight(_local(src), _local(sinv).reshape(dst._scale_inv.shape).to(torch.float32), dtype=dst.dtype,
                           scaling=dst.scaling)
-        else:  # a high-precision checkpoint: the whole weight's amax, all-reduced over the shards
-            (am,) = global_amaxes([loc], [_shard_groups(p)])
+        elif isinstance(dst, FP8Weight) and key in state_dict and not isinstance(_local(state_dict[key]), FP8Weight):
+            src = state_dict[key]  # a high-precision checkpoint: the whole weight's amax, all-reduced over shards
+            (am,) = global_amaxes([_local(src)], [_shard_groups(p)])
             scale, s = dst.scaling.scales(am)
-            w = FP8Weight(dst.scaling.cast(loc.to(device=dst.device), scale), s.reshape(dst._scale_inv.shape),
-                          dtype=dst.dtype, scaling=dst.scaling)
-        state_dict[key] = _like(src, w) if _is_dtensor(src) else w
+            w = FP8Weight(dst.scaling.cast(_local(src).to(device=dst.device), scale),
+                          s.reshape(dst._scale_inv.shape), dtype=dst.dtype, scaling=dst.scaling)
+        else:
+            continue
+        state_dict[key] = _like(src, w)
 
 
 def dequantize_fp8_weights(state_dict: dict) -> dict:
-    """A copy of `state_dict` with every saved FP8 weight (``<name>`` FP8 bytes +
-    ``<name>_scale_inv``) replaced by its float32 value: what a model built without FP8
-    weights (no fp8_model_init, or plain torch) loads."""
+    """A copy of `state_dict` with every saved FP8 weight (``<name>_fp8`` bytes +
+    ``<name>_scale_inv``) replaced by ``<name>``, its float32 value: what a model built
+    without FP8 weights (no fp8_model_init, or plain torch) loads."""
     out = type(state_dict)()
     for k, v in state_dict.items():
-        if k.endswith(_SCALE_SUFFIX) and k[: -len(_SCALE_SUFFIX)] in state_dict:
+        if k.endswith(_SCALE_SUFFIX) and k[: -len(_SCALE_SUFFIX)] + _BYTES_SUFFIX in state_dict:
             continue
-        sinv = state_dict.get(k + _SCALE_SUFFIX)
-        if isinstance(v, torch.Tensor) and _local(v).dtype in _FP8 and sinv is not None:
+        if k.endswith(_BYTES_SUFFIX) and k[: -len(_BYTES_SUFFIX)] + _SCALE_SUFFIX in state_dict:
+            name = k[: -len(_BYTES_SUFFIX)]
+            sinv = _local(state_dict[name + _SCALE_SUFFIX]).reshape(()).to(torch.float32)
             loc = _local(v)
-            val = ops.dequantize(loc.contiguous(), sinv.reshape(()).to(torch.float32), out_dtype=torch.float32)
-            v = _like(v, val)
+            val = ops.dequantize(loc.contiguous(), sinv.to(loc.device), out_dtype=torch.float32)
+            out[name] = _like(v, val)
+            continue
         out[k] = v
     return out
 
