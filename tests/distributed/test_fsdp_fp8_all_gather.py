@@ -12,6 +12,7 @@ under FP8 all-gather: current per-tensor scaling of the whole weight):
   fp8_pre   FP8 all-gather with precompute_fp8_scales_for_fsdp after every step
   fp8_bf16  FP8 all-gather with the bf16 MixedPrecisionPolicy (bias gathered in bf16)
   torchao   torchao's Float8LinearConfig(enable_fsdp_float8_all_gather=True) as config
+  te_layers two fp8mix.TransformerLayers (every GEMM weight FP8-gathered) against plain FSDP2
   bad input convert_model after fully_shard; a layer asked to run with a recipe its FP8
             weight cannot serve (DelayedScaling): clear errors on every rank, no hang
 
@@ -199,6 +200,43 @@ def _run_torchao(rank):
     return out
 
 
+def _te_model(all_gather):
+    import fp8mix
+    torch.manual_seed(1)
+    m = torch.nn.Sequential(*[fp8mix.TransformerLayer(64, 128, 4, hidden_dropout=0.0, attention_dropout=0.0)
+                              for _ in range(2)])
+    return fp8mix.convert_model(m, fsdp_fp8_all_gather=all_gather) if all_gather else m
+
+
+def _run_te_layers(rank):
+    """Transformer Engine's module family (LayerNormLinear, Linear, LayerNormMLP's two GEMM
+    weights) under FP8 all-gather: the same exactness as the Linear layers."""
+    import torch.nn.functional as F
+    from torch.distributed.fsdp import fully_shard
+
+    import fp8mix
+    out = {}
+    for name, ag in (("plain", False), ("fp8", True)):
+        model = _te_model(ag)
+        for layer in model:
+            fully_shard(layer)
+        fully_shard(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        losses = []
+        for step in range(2):
+            x = torch.randn(2, 8, 64, generator=torch.Generator().manual_seed(10 * step + rank))
+            with fp8mix.fp8_autocast(fp8_recipe=recipe()):
+                loss = F.mse_loss(model(x), torch.zeros_like(x))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        out[name] = losses
+        out[name + "_gathered"] = sorted(n for n, p in model.named_parameters()
+                                         if type(p._local_tensor).__name__ == "FP8AllGatherWeight")
+    return out
+
+
 def _run_bad_input(rank):
     import fp8mix
     from fp8mix.recipe import DelayedScaling
@@ -222,7 +260,8 @@ def _worker(rank, port, out_dir):
     init_worker(rank, port)
     run_scenarios(rank, out_dir, [(n, lambda f=f: f(rank)) for n, f in (
         ("bf16", _run_bf16), ("fp32", _run_fp32), ("fp8", _run_fp8), ("fp8_pre", _run_fp8_pre),
-        ("fp8_bf16", _run_fp8_bf16), ("torchao", _run_torchao), ("bad_input", _run_bad_input))])
+        ("fp8_bf16", _run_fp8_bf16), ("torchao", _run_torchao), ("te_layers", _run_te_layers),
+        ("bad_input", _run_bad_input))])
 
 
 # --------------------------------------------------------------------------------------
@@ -293,6 +332,13 @@ def test_torchao_config_enables_fp8_all_gather(runs):
     assert "CurrentScaling" in t["recipe"]
     if t["recipe"] == repr(recipe()):  # torchao's defaults map to fp8mix's CurrentScaling()
         assert t["losses"] == f["losses"]
+
+
+def test_transformer_layers_gather_every_gemm_weight_in_fp8(runs):
+    for r in _get(runs, "te_layers"):
+        assert r["fp8"] == r["plain"], r
+        assert r["plain_gathered"] == [] and len(r["fp8_gathered"]) == 8, r["fp8_gathered"]  # 4 GEMMs per layer
+        assert any(n.endswith("fc2_weight") for n in r["fp8_gathered"])
 
 
 def test_bad_input_is_a_clear_error_on_every_rank(runs):
