@@ -451,10 +451,14 @@ class FP8MasterWeights(torch.optim.Optimizer):
     the same scale. The high-precision weight lives only here: the module holds 1 byte per
     element.
 
-    ``param_groups`` and ``state`` are the inner optimizer's (LR schedulers, gradient
-    clipping of the model's parameters work as usual). ``state_dict()`` is the inner one's
-    plus ``"fp8_masters"`` (the masters, in parameter order): a resume is exact.
-    DTensor parameters (FSDP2) get DTensor masters with the same placements.
+    ``param_groups`` hold the model's parameters (as any optimizer's), with the inner
+    optimizer's hyperparameters: LR schedulers, gradient scalers (``unscale_`` reads the
+    model's gradients) and gradient clipping work as usual; each step hands the groups'
+    hyperparameters to the inner optimizer. ``state`` is the inner optimizer's (keyed by
+    the masters); ``state_dict()`` is the inner one's plus ``"fp8_masters"`` (the masters,
+    in parameter order): a resume is exact. DTensor parameters (FSDP2) get DTensor masters
+    with the same placements. A closure (LBFGS's re-evaluations) is not supported: the
+    masters would not see its gradients.
     """
 
     def __init__(self, params, optimizer_class=None, **optimizer_kwargs):
@@ -463,22 +467,13 @@ class FP8MasterWeights(torch.optim.Optimizer):
         if not (isinstance(optimizer_class, type) and issubclass(optimizer_class, torch.optim.Optimizer)):
             raise TypeError(f"FP8MasterWeights: optimizer_class must be a torch.optim.Optimizer subclass, got "
                             f"{optimizer_class!r}")
-        groups = list(params)
-        if not groups:
-            raise ValueError("FP8MasterWeights got an empty parameter list")
-        if not isinstance(groups[0], dict):
-            groups = [{"params": groups}]
+        super().__init__(params, {})  # the model's parameters, grouped as given
         self._pairs: list = []  # (FP8 weight Parameter, its float32 master)
-        inner_groups = []
-        for g in groups:
-            g = dict(g)
-            ps = [g["params"]] if isinstance(g["params"], torch.Tensor) else list(g["params"])
-            g["params"] = [self._master_of(p) for p in ps]
-            inner_groups.append(g)
+        inner_groups = [{**g, "params": [self._master_of(p) for p in g["params"]]} for g in self.param_groups]
         self.inner = optimizer_class(inner_groups, **optimizer_kwargs)
-        # the Optimizer machinery (hooks, profiling names) around the inner optimizer's groups and state
-        super().__init__(self.inner.param_groups, self.inner.defaults)
-        self.param_groups = self.inner.param_groups
+        for g, ig in zip(self.param_groups, self.inner.param_groups):  # the inner defaults, where schedulers look
+            g.update({k: v for k, v in ig.items() if k != "params"})
+        self.defaults = self.inner.defaults
         self.state = self.inner.state
 
     @staticmethod
@@ -501,13 +496,17 @@ class FP8MasterWeights(torch.optim.Optimizer):
         self._pairs.append((p, m))
         return m
 
+    def _sync_hyperparameters(self) -> None:
+        for g, ig in zip(self.param_groups, self.inner.param_groups):
+            ig.update({k: v for k, v in g.items() if k != "params"})
+
     @torch.no_grad()
     def step(self, closure=None):
         """The inner step on the masters, then the FP8 weights written from them."""
-        loss = None
         if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+            raise NotImplementedError("FP8MasterWeights.step: a closure is not supported (its re-evaluated "
+                                      "gradients would not reach the masters)")
+        self._sync_hyperparameters()
         stepped = []
         for p, m in self._pairs:
             if p.grad is None:
@@ -518,24 +517,22 @@ class FP8MasterWeights(torch.optim.Optimizer):
         self.inner.step()
         if stepped:
             write_fp8([p for p, _ in stepped], [m for _, m in stepped])
-        return loss
+        return None
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        self.inner.zero_grad(set_to_none=set_to_none)
-        for p, _ in self._pairs:
-            if set_to_none:
-                p.grad = None
-            elif p.grad is not None:
-                p.grad.zero_()
+        super().zero_grad(set_to_none=set_to_none)  # the model's parameters
+        for _, m in self._pairs:
+            m.grad = None
 
     def state_dict(self) -> dict:
+        self._sync_hyperparameters()
         sd = self.inner.state_dict()
         sd["fp8_masters"] = [m.detach() for _, m in self._pairs]
         return sd
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """The inner optimizer's state and the masters (the FP8 weights are the model's
-        checkpoint; they equal the masters cast, as after every step)."""
+        """The inner optimizer's state, its hyperparameters and the masters (the FP8 weights
+        are the model's checkpoint; they equal the masters cast, as after every step)."""
         sd = dict(state_dict)
         masters = sd.pop("fp8_masters", None)
         if masters is None or len(masters) != len(self._pairs):
@@ -545,10 +542,10 @@ class FP8MasterWeights(torch.optim.Optimizer):
             for (_, m), saved in zip(self._pairs, masters):
                 m.copy_(saved)
         self.inner.load_state_dict(sd)
-        self.param_groups = self.inner.param_groups
         self.state = self.inner.state
+        for g, ig in zip(self.param_groups, self.inner.param_groups):
+            g.update({k: v for k, v in ig.items() if k != "params"})
 
     def masters(self) -> list:
         """(FP8 weight, float32 master) pairs, in parameter order."""
         return list(self._pairs)
-

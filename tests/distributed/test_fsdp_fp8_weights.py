@@ -196,6 +196,34 @@ def test_master_weights_train_like_float32_bit_for_bit():
         assert torch.equal(p._data.view(torch.uint8), fp8mix.quantize(q.detach(), "e4m3").data.view(torch.uint8))
 
 
+def test_master_weights_with_scheduler_scaler_and_clipping_as_float32():
+    """param_groups hold the model's parameters: an LR scheduler, a gradient scaler
+    (unscale_ reads the FP8 weights' gradients) and clipping act as for torch's AdamW on the
+    float32 model, bit for bit."""
+    runs = []
+    for fp8 in (True, False):
+        model = make_model(keep_hp=True, fp8=fp8)
+        opt = (FP8MasterWeights(model.parameters(), torch.optim.AdamW, lr=1e-2) if fp8 else
+               torch.optim.AdamW(model.parameters(), lr=1e-2))
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+        scaler = fp8mix.FP8GradScaler(init_scale=2.0 ** 8, fp8_feedback=False)
+        losses = []
+        for s in range(STEPS):
+            x, t = global_batch(s)
+            with fp8mix.fp8_autocast(fp8_recipe=CurrentScaling()):
+                loss = F.mse_loss(model(x), t)
+            opt.zero_grad()
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+            scaler.step(opt)
+            scaler.update()
+            sched.step()
+            losses.append(loss.item())
+        runs.append((losses, opt.param_groups[0]["lr"]))
+    assert runs[0] == runs[1], runs
+
+
 def test_master_weights_resume_exactly(tmp_path):
     def run(steps, resume_from=None):
         model = make_model()
