@@ -14,14 +14,15 @@ recipe its weights were made for inside any fp8_autocast. Train such a model wit
 How it knows a module was built: while the context is active a torch buffer-registration
 hook watches for ``fp8_version``, the last buffer every fp8mix module registers at the end
 of its construction (FP8StateMixin._init_fp8_state, after the weights are initialised),
-in the thread that entered the context; the innermost context decides (a ContextVar), and
-the hook is removed on exit. Not covered: the meta device (NotImplementedError: the cast
+in the thread that entered the context; the innermost context decides (a ContextVar: per
+thread and per asyncio task), and the hook is removed on exit. (A call at the end of
+_init_fp8_state would do the same without a global hook; this keeps the modules' files as
+they are.) Not covered: the meta device (NotImplementedError: the cast
 needs the values).
 """
 from __future__ import annotations
 
 import contextvars
-import threading
 from typing import Optional
 
 import torch
@@ -68,11 +69,9 @@ class fp8_model_init:
         if self._token is not None:
             raise RuntimeError("fp8_model_init: this context is already active (make a new one to nest)")
         self._token = _active.set(self)
-        thread = threading.get_ident()
 
-        def hook(module, name, buffer):
-            if (name == _LAST_BUFFER and isinstance(module, FP8StateMixin) and _active.get() is self
-                    and self.enabled and threading.get_ident() == thread):
+        def hook(module, name, buffer):  # (another thread's context never holds self: ContextVars are per thread)
+            if name == _LAST_BUFFER and isinstance(module, FP8StateMixin) and _active.get() is self and self.enabled:
                 to_fp8_weights(module, self.recipe, owner=f"fp8_model_init: fp8mix.{type(module).__name__}",
                                keep_high_precision=self.keep_hp)
             return None

@@ -321,13 +321,18 @@ def test_bad_input_raises_clearly():
 
 
 def test_context_nesting_and_compat_names():
+    import threading
+    other = []
     with fp8mix.fp8_model_init():
         with fp8mix.fp8_model_init(enabled=False):
             plain = fp8mix.Linear(32, 32)
         fp8 = fp8mix.Linear(32, 32)
+        t = threading.Thread(target=lambda: other.append(fp8mix.Linear(32, 32)))  # another thread: not inside
+        t.start()
+        t.join()
     after = fp8mix.Linear(32, 32)
     assert not isinstance(plain.weight, FP8Weight) and isinstance(fp8.weight, FP8Weight)
-    assert not isinstance(after.weight, FP8Weight)
+    assert not isinstance(after.weight, FP8Weight) and not isinstance(other[0].weight, FP8Weight)
     assert fp8mix.compat.fp8_model_init is fp8mix.fp8_model_init
     with fp8mix.compat.quantized_model_init(recipe=CurrentScaling(fp8_format=fp8mix.Format.E5M2)):
         e5 = fp8mix.Linear(32, 32)
