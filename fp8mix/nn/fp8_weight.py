@@ -89,8 +89,8 @@ def _unservable(recipe) -> Optional[str]:
 
 @dataclasses.dataclass(frozen=True)
 class WeightScaling:
-    """Current per-tensor scaling of a whole weight (the module docstring's rule), with the
-    recipe it came from (the one the layers holding such weights run with)."""
+    """Current per-tensor scaling of a whole weight (the module docstring's rule): what it
+    takes of a recipe (the weight's format, margin, power_2_scale, amax_epsilon)."""
 
     fp8_dtype: torch.dtype
     margin: int = 0
@@ -98,11 +98,13 @@ class WeightScaling:
     amax_epsilon: float = 0.0
 
     @classmethod
-    def from_recipe(cls, recipe, owner: str) -> "WeightScaling":
-        """The rule of `recipe`'s weight role; ValueError naming `owner` when it is another."""
+    def from_recipe(cls, recipe, owner) -> "WeightScaling":
+        """The rule of `recipe`'s weight role; ValueError naming `owner` (a str, or a
+        callable making one: only called for the message) when it is another."""
         reason = _unservable(recipe)
         if reason is not None:
-            raise ValueError(f"{owner}: an FP8 weight is scaled per tensor from its current amax (CurrentScaling's "
+            who = owner() if callable(owner) else owner
+            raise ValueError(f"{who}: an FP8 weight is scaled per tensor from its current amax (CurrentScaling's "
                              f"weight rule); {type(recipe).__name__} cannot serve it: {reason}. Use "
                              "fp8mix.recipe.CurrentScaling (or torchao's tensorwise config)")
         return cls(fp8_dtype(recipe.format("weight")), int(recipe.margin), bool(recipe.power_2_scale),
@@ -124,13 +126,15 @@ class WeightScaling:
 def check_recipe(m, weight: "FP8WeightBase", recipe) -> None:
     """Raise unless `recipe` casts the weight role by `weight`'s rule (make_plan calls this
     for every forward with an FP8 weight, before any cast)."""
-    owner = f"fp8mix.{type(m).__name__} {m._fp8_label()!r}"
+    def owner():
+        return f"fp8mix.{type(m).__name__} {m._fp8_label()!r}"
+
     want = WeightScaling.from_recipe(recipe, owner)
     have = weight.scaling
     if want != have:
         diff = ", ".join(f"{f.name} {getattr(have, f.name)!r} (the recipe: {getattr(want, f.name)!r})"
                          for f in dataclasses.fields(have) if getattr(have, f.name) != getattr(want, f.name))
-        raise ValueError(f"{owner}: its FP8 weight was made with {diff}; run it with the recipe it was made for "
+        raise ValueError(f"{owner()}: its FP8 weight was made with {diff}; run it with the recipe it was made for "
                          "(the module's fp8_recipe, set by fp8_model_init / convert_model)")
 
 
