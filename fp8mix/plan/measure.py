@@ -52,7 +52,8 @@ class LayerProbe:
     def __init__(self, layers: dict, formats: bool, channels: Optional[Callable] = None):
         self.layers = layers
         # channels(x2, weight, fixed_weight=) -> a report (fp8mix.plan.outliers.assess), first batch
-        self.channel_fn, self.channels = channels, {}
+        self.channel_fn = channels
+        self.channels: dict = {}
         self.energy = {n: [0.0, 0.0] for n in layers}  # signal, noise
         self.rows = {n: 0 for n in layers}
         self.formats: dict = {n: {} for n in layers} if formats else {}

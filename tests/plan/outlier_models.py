@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from plan_models import MLP
 
 
 class PlantChannels(nn.Module):
@@ -25,21 +26,13 @@ class PlantChannels(nn.Module):
         return self.lin(x)
 
 
-class OutlierMLP(nn.Module):
-    """64 -> 128 -> 128 -> 128 -> 10 (ReLU); fc2's input has `channels` scaled by k."""
+class OutlierMLP(MLP):
+    """plan_models.MLP(planted=False) (64 -> 128 -> 128 -> 128 -> 10) whose fc2 input has
+    `channels` scaled by k."""
 
     def __init__(self, k: float = 1.0, channels=(0, 1, 2, 3)):
-        super().__init__()
-        self.fc1 = nn.Linear(64, 128)
-        self.fc2 = PlantChannels(nn.Linear(128, 128), channels, k)
-        self.fc3 = nn.Linear(128, 128)
-        self.head = nn.Linear(128, 10)
-
-    def forward(self, x):
-        x = F.relu(self.fc1(x))
-        x = F.relu(self.fc2(x))
-        x = F.relu(self.fc3(x))
-        return self.head(x)
+        super().__init__(planted=False)
+        self.fc2 = PlantChannels(self.fc2, channels, k)
 
 
 class AppendOutlier(nn.Module):
