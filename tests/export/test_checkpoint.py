@@ -116,7 +116,9 @@ def test_round_trip_into_torch_and_transformers_matches_the_fp8_model(folder, tr
     with torch.no_grad():
         y = plain(IDS).logits
     # the FP8 model also casts every GEMM input to E4M3 (3 mantissa bits: ~3.6% rms rounding
-    # per cast), the loaded model only the weights: logits within 10% rms of the FP8 model's
+    # per cast) and rounds its weights per tensor, the loaded model only the weights, per
+    # tensor / channel / block: logits within 10% rms of the FP8 model's (measured 3.9%,
+    # 7.2%, 4.2%); the bit-exact check is test_per_tensor_round_trip_into_fp8_weights_is_bit_exact
     assert _rel(y, ref) < 0.10
     hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     with torch.no_grad():
