@@ -27,6 +27,7 @@ from .. import auto_format
 from ..context import fp8_autocast
 from ..formats import Format
 from ..nn.fp8_state import FP8_STATE_KEYS
+from ..nn.conv1d import Conv1D
 from ..nn.fp8_weight import FP8Weight
 from ..recipe import ROLES
 from .plan import fp8_layers
@@ -74,8 +75,10 @@ class LayerProbe:
             if (self.channel_fn is not None and self.batch == 0 and name not in self.channels and x.numel()
                     and isinstance(w, torch.Tensor) and w.dim() == 2):
                 fixed = isinstance(w, FP8Weight)  # its bytes are what the GEMM uses
-                self.channels[name] = self.channel_fn(x.detach().reshape(-1, x.shape[-1]),
-                                                      w.dequantize() if fixed else w, fixed_weight=fixed)
+                wv = w.dequantize() if fixed else w
+                if isinstance(m, Conv1D):  # Hugging Face's (in, out) weight: the channels are its rows
+                    wv = wv.t()
+                self.channels[name] = self.channel_fn(x.detach().reshape(-1, x.shape[-1]), wv, fixed_weight=fixed)
             recipe = m.fp8_recipe
             if self.formats and self.batch == 0 and recipe is not None and m.fp8_enabled:
                 x2 = x.detach().reshape(-1, x.shape[-1])

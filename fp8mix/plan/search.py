@@ -227,7 +227,11 @@ def _fix_outliers(info: dict, eligible: list, candidates: dict) -> None:
             st.outlier_note = f"{head}; {_FIX_LABELS[fix]} fixes it ({rep.loss[fix].text()})"
             break
         else:
-            tried = ", ".join(f"{f} {rep.loss[f].worst_group_db:.1f} dB" for f in FIX_ORDER if f in rep.loss)
+            tried = ", ".join(f"{f} {rep.loss[f].worst_group_db:.1f} dB" for f in FIX_ORDER
+                              if f in rep.loss and (smoothable or f != "smooth"))
+            if not smoothable and rep.passes("smooth"):
+                tried += (f"; smoothing would give {rep.loss['smooth'].worst_group_db:.1f} dB but "
+                          f"{type(st.module).__name__} has no fp8_smooth")
             st.outlier_keep = True
             st.outlier_note = f"{head}, and no finer cast passes ({tried}): kept in high precision"
 

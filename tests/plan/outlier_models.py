@@ -74,3 +74,25 @@ class SensitiveWeightMLP(OutlierMLP):
 
     def __init__(self):
         super().__init__(k=2.0 ** -20, channels=(0, 1))
+
+
+class Conv1DOutlierMLP(nn.Module):
+    """64 -> 128 (Linear) -> 48 (Hugging Face Conv1D, weight (in, out)) -> 10; the Conv1D's
+    input channels 0-3 multiplied by k and the same weight rows divided by k."""
+
+    def __init__(self, k: float):
+        from transformers.pytorch_utils import Conv1D
+
+        super().__init__()
+        self.fc1 = nn.Linear(64, 128)
+        self.conv = Conv1D(48, 128)
+        nn.init.normal_(self.conv.weight, std=0.1)
+        with torch.no_grad():
+            self.conv.weight[:4] /= k
+        self.k = k
+        self.head = nn.Linear(48, 10)
+
+    def forward(self, x):
+        h = F.relu(self.fc1(x)).clone()
+        h[..., :4] *= self.k
+        return self.head(F.relu(self.conv(h)))

@@ -123,3 +123,15 @@ def test_smooth_decision_survives_json_and_apply(plans, tmp_path):
     assert model.fc2.lin.fp8_smooth is True and getattr(model.fc1, "fp8_smooth", False) is False
     with pytest.raises(ValueError, match="smooth must be a bool"):
         fp8mix.plan.LayerPlan(name="a", decision="keep", reason="", smooth="yes")
+
+
+def test_a_conv1d_layer_is_measured_with_its_in_out_weight():
+    pytest.importorskip("transformers")
+    from outlier_models import Conv1DOutlierMLP
+
+    plan = _plan(Conv1DOutlierMLP(2.0 ** 17))
+    lp = plan.layer("conv")
+    assert lp.outlier_channels == 4 and lp.channel_spread > 1e4
+    # Conv1D has no fp8_smooth, and its outliers share every finer block with real channels
+    assert lp.decision == "keep" and not lp.smooth and "no finer cast passes" in lp.reason
+    assert "Conv1D has no fp8_smooth" in lp.reason  # says why smoothing, which would pass, is not used
