@@ -26,8 +26,8 @@ import torch.nn as nn
 from .. import auto_format
 from ..context import fp8_autocast
 from ..formats import Format
-from ..nn.fp8_state import FP8_STATE_KEYS
 from ..nn.conv1d import Conv1D
+from ..nn.fp8_state import FP8_STATE_KEYS
 from ..nn.fp8_weight import FP8Weight
 from ..recipe import ROLES
 from .plan import fp8_layers
