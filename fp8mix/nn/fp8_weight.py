@@ -262,6 +262,22 @@ class FP8Weight(FP8WeightBase):
     def __reduce_ex__(self, protocol):  # pickle / deepcopy of a module: rebuilt from the parts
         return (_rebuild_fp8_weight, (self._data, self._scale_inv, self.dtype, self.scaling, self.requires_grad))
 
+    # ``weight.data = value`` (PEFT's LoRA merge writes ``weight.data += delta``, which Python
+    # runs as ``weight.data = weight.data + delta``): torch's setter swaps the wrapper's
+    # storage and leaves _data / _scale_inv as they were, a silent no-op; here it is copy_
+    # (a high-precision value cast by the weight's rule, an FP8 weight's bytes and scale)
+    @property  # type: ignore[override]
+    def data(self):
+        return torch.Tensor.data.__get__(self)  # type: ignore[attr-defined]
+
+    @data.setter
+    def data(self, value):
+        if not isinstance(value, torch.Tensor) or tuple(value.shape) != tuple(self.shape):
+            raise ValueError(f"fp8mix: FP8Weight.data = value needs a tensor of shape {tuple(self.shape)}, got "
+                             f"{tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__}")
+        with torch.no_grad():
+            self.copy_(value)
+
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

@@ -14,6 +14,13 @@ the recipes, autocast, checkpointing and ``is_first_microbatch`` as fp8mix.Linea
 Outside fp8_autocast: F.layer_norm / F.rms_norm, F.linear, the activation in torch's
 ops, F.linear, exactly. Parameters (TE's names): layer_norm_weight, layer_norm_bias,
 fc1_weight, fc1_bias, fc2_weight, fc2_bias.
+
+``smooth_swiglu=True`` (Smooth-SwiGLU, Fishman et al. 2024): fc2's FP8 GEMMs take
+a * s and W2 / s, s per channel of the activation output a, powers of two (exact), from
+the batch's channel amaxes (fp8mix.nn.smooth; ``smooth_alpha`` 1.0 is the paper's, the
+default 0.5 splits the spread with W2). The activation is then computed by torch and cast
+by the separate cast (not the fused activation + cast kernel), and fc2's weight is re-cast
+every call. Outside fp8_autocast nothing changes.
 """
 from __future__ import annotations
 
@@ -23,13 +30,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..context import as_bool
+from ..context import as_bool, current_frame
 from ._forward import fp8_forward
 from .activations import act_hp, activation_of
 from .fp8_state import FP8StateMixin
 from .fused_casts import act_input_cast, norm_input_cast
 from .layernorm_linear import fused_path, norm_parameters, reset_norm
 from .norms import NormSpec, norm_hp, norm_spec
+from .smooth import DEFAULT_ALPHA, check_alpha, smooth_operands
 from .te_options import TECheckpointMixin, apply_init, params_dtype_of, te_default_init, te_options
 
 __all__ = ["LayerNormMLP"]
@@ -81,7 +89,8 @@ class LayerNormMLP(TECheckpointMixin, FP8StateMixin, _LayerNormMLPBase):
     bias not added but returned), params_dtype / dtype, device, init_method (fc1) and
     output_layer_init_method (fc2): callables on the weight. TE's parallelism and overlap
     options raise NotImplementedError; get_rng_state_tracker, seq_length, ... are
-    accepted and ignored."""
+    accepted and ignored. fp8mix's own (keyword only): smooth_swiglu (per-channel smoothing
+    of fc2's input, see the module docstring) and smooth_alpha (in (0, 1])."""
 
     fp8_gemms = 2
     fp8_min_features = 16
@@ -91,9 +100,11 @@ class LayerNormMLP(TECheckpointMixin, FP8StateMixin, _LayerNormMLPBase):
                  return_layernorm_output: bool = False, return_bias: bool = False,
                  params_dtype: Optional[torch.dtype] = None, device=None, init_method: Optional[Callable] = None,
                  output_layer_init_method: Optional[Callable] = None, *, dtype: Optional[torch.dtype] = None,
-                 **te_kwargs):
+                 smooth_swiglu: bool = False, smooth_alpha: float = DEFAULT_ALPHA, **te_kwargs):
         owner = "LayerNormMLP"
         te_options(owner, te_kwargs)
+        as_bool(f"fp8mix.{owner}", "smooth_swiglu", smooth_swiglu)
+        alpha = check_alpha(f"fp8mix.{owner}", smooth_alpha)
         for name, v in (("bias", bias), ("return_layernorm_output", return_layernorm_output),
                         ("return_bias", return_bias)):
             as_bool(f"fp8mix.{owner}", name, v)
@@ -103,6 +114,7 @@ class LayerNormMLP(TECheckpointMixin, FP8StateMixin, _LayerNormMLPBase):
         super().__init__(hidden_size, ffn_hidden_size, fc1_out, spec, bias, (init_method, output_layer_init_method),
                          device, params_dtype_of(owner, params_dtype, dtype))
         self._act, self.activation = act, activation
+        self.smooth_swiglu, self.smooth_alpha = smooth_swiglu, alpha
         self.return_layernorm_output, self.return_bias = return_layernorm_output, return_bias
         self.eps, self.normalization, self.zero_centered_gamma = float(eps), normalization, zero_centered_gamma
         self._gemm = 0
@@ -157,6 +169,12 @@ class LayerNormMLP(TECheckpointMixin, FP8StateMixin, _LayerNormMLPBase):
         act, bias = self._act, (None if self.return_bias else self.fc2_bias)
         F_ = self.ffn_hidden_size
         self._gemm = 1
+        if self.smooth_swiglu and current_frame() is not None:
+            a = act_hp(act, h)
+            xs, ws, _ = smooth_operands(a, self.fc2_weight, self.smooth_alpha)
+            return fp8_forward(self, xs, ws, bias, in_features=F_, out_features=self.hidden_size,
+                               hp_forward=lambda _: F.linear(a, self.fc2_weight, bias), gemm=1,
+                               **{**kw, "is_first_microbatch": None})
         if not fused:
             return fp8_forward(self, act_hp(act, h), self.fc2_weight, bias, in_features=F_,
                                out_features=self.hidden_size, hp_forward=lambda t: F.linear(t, self.fc2_weight, bias),
@@ -171,4 +189,4 @@ class LayerNormMLP(TECheckpointMixin, FP8StateMixin, _LayerNormMLPBase):
     def extra_repr(self) -> str:
         return (f"hidden_size={self.hidden_size}, ffn_hidden_size={self.ffn_hidden_size}, "
                 f"activation={self.activation}, normalization={self.normalization}, "
-                f"bias={self.fc1_bias is not None}, fp8=True")
+                f"bias={self.fc1_bias is not None}, fp8=True" + (", smooth_swiglu=True" if self.smooth_swiglu else ""))

@@ -16,6 +16,13 @@ weight, ``False`` reuses it (no re-cast, no amax record) — Transformer Engine'
 convention. It is explicit because a parameter's version counter misses writes through
 ``.data`` and FSDP2's all-gather copies, so automatic detection could serve a stale FP8
 weight (and, under FSDP2, make ranks disagree on collectives).
+
+Smoothing (``layer.fp8_smooth = True``, a policy attribute the planner sets for a layer
+whose input has outlier channels): inside fp8_autocast the GEMMs take x * s and W / s
+with per-channel power-of-two s (fp8mix.nn.smooth; ``fp8_smooth_alpha``, default 0.5):
+the same product, casts that see a narrower channel spread. It re-casts the weight every
+call (s follows the batch), so ``is_first_microbatch`` does not cache then; a layer with
+an FP8 primary weight cannot be smoothed (its bytes are fixed: ValueError).
 """
 from __future__ import annotations
 
@@ -25,9 +32,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..context import as_bool
+from ..context import as_bool, current_frame
 from ._forward import fp8_forward
 from .fp8_state import FP8StateMixin
+from .fp8_weight import FP8WeightBase
+from .smooth import DEFAULT_ALPHA, smooth_operands
 from .te_options import params_dtype_of, te_options
 
 __all__ = ["Linear", "LinearForward"]
@@ -41,6 +50,8 @@ class LinearForward:
     bias: Any  # a Tensor or None, as nn.Linear declares it
     in_features: int
     out_features: int
+    fp8_smooth = False  # policy attribute: per-channel smoothing of x before the FP8 casts
+    fp8_smooth_alpha = DEFAULT_ALPHA
 
     def forward(self, x: torch.Tensor, is_first_microbatch=None) -> torch.Tensor:
         """y = x W^T + b; in FP8 inside fp8_autocast.
@@ -51,6 +62,8 @@ class LinearForward:
         record). Ignored outside fp8_autocast."""
         if is_first_microbatch is not None:
             as_bool(f"fp8mix.{type(self).__name__}", "is_first_microbatch", is_first_microbatch)
+        if self.fp8_smooth and current_frame() is not None:
+            return self._smoothed_forward(x)
         if getattr(self, "return_bias", False):  # TE's return_bias: the bias is returned, not added
             y = fp8_forward(self, x, self.weight, None, layout="out_in", in_features=self.in_features,
                             out_features=self.out_features, is_first_microbatch=is_first_microbatch,
@@ -62,6 +75,19 @@ class LinearForward:
 
     def _hp_forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
+
+    def _smoothed_forward(self, x: torch.Tensor):
+        """The GEMM on (x * s, W / s) (fp8mix.nn.smooth); high precision: the plain product."""
+        if isinstance(self.weight, FP8WeightBase):
+            raise ValueError(f"fp8mix.{type(self).__name__}: fp8_smooth needs a high-precision weight (W / s is "
+                             "re-cast each call); this layer holds an FP8 primary weight")
+        xs, ws, _ = smooth_operands(x, self.weight, self.fp8_smooth_alpha)
+        rb = getattr(self, "return_bias", False)
+        bias = None if rb else self.bias
+        y = fp8_forward(self, xs, ws, bias, layout="out_in", in_features=self.in_features,
+                        out_features=self.out_features, is_first_microbatch=None,
+                        hp_forward=lambda _: F.linear(x, self.weight, bias))
+        return (y, self.bias) if rb else y
 
     def extra_repr(self) -> str:
         return super().extra_repr() + ", fp8=True"  # type: ignore[misc]

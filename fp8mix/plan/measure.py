@@ -26,11 +26,15 @@ import torch.nn as nn
 from .. import auto_format
 from ..context import fp8_autocast
 from ..formats import Format
+from ..nn.conv1d import Conv1D
 from ..nn.fp8_state import FP8_STATE_KEYS
+from ..nn.fp8_weight import FP8Weight
 from ..recipe import ROLES
 from .plan import fp8_layers
 
 __all__ = ["Session", "sqnr_db", "LayerProbe"]
+
+_POLICY = ("fp8_enabled", "fp8_recipe", "fp8_smooth")  # the per-module attributes a configuration sets
 
 
 def sqnr_db(signal: float, noise: float) -> float:
@@ -46,8 +50,11 @@ class LayerProbe:
     layers' errors do not count), the rows it saw, and on the first batch Format.AUTO's
     preferred format for its input, weight and grad_output under the layer's recipe."""
 
-    def __init__(self, layers: dict, formats: bool):
+    def __init__(self, layers: dict, formats: bool, channels: Optional[Callable] = None):
         self.layers = layers
+        # channels(x2, weight, fixed_weight=) -> a report (fp8mix.plan.outliers.assess), first batch
+        self.channel_fn = channels
+        self.channels: dict = {}
         self.energy = {n: [0.0, 0.0] for n in layers}  # signal, noise
         self.rows = {n: 0 for n in layers}
         self.formats: dict = {n: {} for n in layers} if formats else {}
@@ -64,6 +71,14 @@ class LayerProbe:
                 self.energy[name][0] += float(ref.pow(2).sum())
                 self.energy[name][1] += float((out.detach().float() - ref).pow(2).sum())
             self.rows[name] += x.numel() // max(1, x.shape[-1])
+            w = getattr(m, "weight", None)
+            if (self.channel_fn is not None and self.batch == 0 and name not in self.channels and x.numel()
+                    and isinstance(w, torch.Tensor) and w.dim() == 2):
+                fixed = isinstance(w, FP8Weight)  # its bytes are what the GEMM uses
+                wv = w.dequantize() if fixed else w
+                if isinstance(m, Conv1D):  # Hugging Face's (in, out) weight: the channels are its rows
+                    wv = wv.t()
+                self.channels[name] = self.channel_fn(x.detach().reshape(-1, x.shape[-1]), wv, fixed_weight=fixed)
             recipe = m.fp8_recipe
             if self.formats and self.batch == 0 and recipe is not None and m.fp8_enabled:
                 x2 = x.detach().reshape(-1, x.shape[-1])
@@ -106,8 +121,7 @@ class Session:
         self._rng = torch.get_rng_state()
         self._cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
         self._grads = {id(p): p.grad for p in m.parameters()}
-        self._policy = {n: (m_.__dict__.get("fp8_enabled"), m_.__dict__.get("fp8_recipe"))
-                        for n, m_ in self.layers.items()}
+        self._policy = {n: tuple(m_.__dict__.get(a) for a in _POLICY) for n, m_ in self.layers.items()}
         self._state = {n: {k: getattr(m_, k).clone() for k in FP8_STATE_KEYS} for n, m_ in self.layers.items()}
         m.eval()
         return self
@@ -124,7 +138,7 @@ class Session:
                         layer._buffers[k] = v
             layer._auto_state = [list(map(int, r)) for r in layer.fp8_auto.tolist()]
             layer._maybe_fresh = [int(s) == 0 for s in layer.fp8_steps.tolist()]
-            for attr, v in zip(("fp8_enabled", "fp8_recipe"), self._policy[n]):
+            for attr, v in zip(_POLICY, self._policy[n]):
                 if v is None:
                     layer.__dict__.pop(attr, None)
                 else:
@@ -136,20 +150,23 @@ class Session:
             torch.cuda.set_rng_state_all(self._cuda_rng)
         m.train(self._training)
 
-    def configure(self, config: dict) -> None:
-        """Set each layer's policy from config (names absent from it run in high precision)
-        and give every layer a fresh FP8 state."""
+    def configure(self, config: dict, smooth=frozenset()) -> None:
+        """Set each layer's policy from config (names absent from it run in high precision;
+        names in `smooth` get ``fp8_smooth``) and give every layer a fresh FP8 state."""
         for n, layer in self.layers.items():
             recipe = config.get(n)
             layer.fp8_enabled = recipe is not None
             layer.fp8_recipe = recipe
+            if n in smooth or "fp8_smooth" in layer.__dict__:
+                layer.fp8_smooth = n in smooth
             layer.reset_fp8_state()
 
     def run(self, config: dict, *, backward: bool = False, probe: Optional[LayerProbe] = None,
-            after_backward=None) -> float:
-        """Mean loss over the batches under `config`; with backward, after_backward(i) is
-        called after batch i's backward (the parameters' .grad then hold its gradients)."""
-        self.configure(config)
+            after_backward=None, smooth=frozenset()) -> float:
+        """Mean loss over the batches under `config` (and `smooth`: see configure); with
+        backward, after_backward(i) is called after batch i's backward (the parameters'
+        .grad then hold its gradients)."""
+        self.configure(config, smooth)
         losses = []
         for i, b in enumerate(self.batches):
             if probe is not None:

@@ -22,7 +22,12 @@ JSON (``plan.save(path)`` / ``Plan.load(path)``), stable keys of version 1::
      "layers": [{"name": str, "decision": "fp8" | "keep",
                  "candidate": label | null, "recipe": recipe | null, "formats": {role: "E4M3" | "E5M2"} | null,
                  "flops": float, "cost": float, "solo_increase": float, "keep_gain": float,
-                 "output_sqnr_db": {label: float}, "grad_sqnr_db": {label: float}, "reason": str}]}
+                 "output_sqnr_db": {label: float}, "grad_sqnr_db": {label: float}, "reason": str,
+                 "smooth": bool,                  per-channel smoothing of the input (fp8_smooth)
+                 "channel_spread": float,         input's max / median channel amax (first batch)
+                 "outlier_channels": int}]}       input channels >= 100x the median (plan.outliers)
+
+"smooth", "channel_spread" and "outlier_channels" are optional when read (False, nan, 0).
 
 Non-finite numbers are written as the strings "inf", "-inf", "nan" (standard JSON) and read back.
 """
@@ -78,6 +83,9 @@ class LayerPlan:
     keep_gain: float = math.nan
     output_sqnr_db: dict = dataclasses.field(default_factory=dict)
     grad_sqnr_db: dict = dataclasses.field(default_factory=dict)
+    smooth: bool = False
+    channel_spread: float = math.nan
+    outlier_channels: int = 0
 
     def __post_init__(self):
         if self.decision not in DECISIONS:
@@ -85,6 +93,8 @@ class LayerPlan:
                              f"got {self.decision!r}")
         if self.decision == "fp8" and self.recipe is None:
             raise ValueError(f"fp8mix.Plan: layer {self.name!r} is planned in FP8 but has no recipe")
+        if not isinstance(self.smooth, bool):
+            raise ValueError(f"fp8mix.Plan: layer {self.name!r} smooth must be a bool, got {self.smooth!r}")
 
     def to_json(self) -> dict:
         # not dataclasses.asdict: it would deep-copy the recipe's read-only mappings
@@ -148,9 +158,10 @@ class Plan:
     def apply(self, model: nn.Module) -> nn.Module:
         """Put the plan on `model` in place and return it: convert it when it has no fp8mix
         module yet, then per planned layer set ``fp8_enabled`` and ``fp8_recipe``
-        (kept layers: fp8_enabled=False, their forward is nn.Linear's bit for bit).
-        A planned layer missing from the model is a ValueError; model layers the plan does
-        not name keep their policy (the autocast's recipe)."""
+        (kept layers: fp8_enabled=False, their forward is nn.Linear's bit for bit), and
+        ``fp8_smooth`` where the plan smooths the layer's input.
+        A planned layer missing from the model, or a smoothed one that cannot smooth, is a
+        ValueError; model layers the plan does not name keep their policy (the autocast's recipe)."""
         if not isinstance(model, nn.Module):
             raise TypeError(f"fp8mix.Plan.apply expects an nn.Module, got {type(model).__name__}")
         layers = fp8_layers(model)
@@ -161,10 +172,15 @@ class Plan:
         if missing:
             raise ValueError(f"fp8mix.Plan.apply: the model has no fp8mix layer named {missing}; it has "
                              f"{sorted(layers)} (was the plan made for another model?)")
+        bad = [lp.name for lp in self.layers if lp.smooth and not hasattr(type(layers[lp.name]), "fp8_smooth")]
+        if bad:
+            raise ValueError(f"fp8mix.Plan.apply: the plan smooths {bad}, which have no fp8_smooth (not fp8mix.Linear)")
         for lp in self.layers:
             m = layers[lp.name]
             m.fp8_enabled = lp.decision == "fp8"
             m.fp8_recipe = lp.recipe if lp.decision == "fp8" else None
+            if lp.smooth or "fp8_smooth" in m.__dict__:
+                m.fp8_smooth = lp.decision == "fp8" and lp.smooth
         return model
 
     # ---- printing --------------------------------------------------------------------
@@ -172,7 +188,8 @@ class Plan:
         """The plan as a fixed-width text table, then its totals."""
         labels = list(self.candidates) or sorted({k for lp in self.layers for k in lp.output_sqnr_db} - {"plan"})
         labels += ["plan"] if any("plan" in lp.output_sqnr_db for lp in self.layers) else []
-        hdr = (f"{'layer':<26} {'decision':<13} {'in/w/grad':<9} {'FLOP%':>6} {'cost':>9} {'solo':>9} {'keep-gain':>9} "
+        hdr = (f"{'layer':<26} {'decision':<19} {'in/w/grad':<9} {'FLOP%':>6} {'spread':>7} {'cost':>9} {'solo':>9} "
+               f"{'keep-gain':>9} "
                + " ".join(f"{'SQNR ' + c[:8]:>13}" for c in labels) + "  reason")
         total = sum(lp.flops for lp in self.layers) or 1.0
         lines = [hdr, "-" * len(hdr)]
@@ -180,8 +197,9 @@ class Plan:
             dec = f"fp8 {lp.candidate}" if lp.decision == "fp8" else "keep"
             fmts = "-" if not lp.formats else "/".join(lp.formats[r][:2] for r in ("input", "weight", "grad_output"))
             sq = " ".join(f"{lp.output_sqnr_db.get(c, math.nan):>13.1f}" for c in labels)
-            lines.append(f"{lp.name:<26.26} {dec:<13.13} {fmts:<9} {100 * lp.flops / total:>6.1f} {lp.cost:>9.2e} "
-                         f"{lp.solo_increase:>9.2e} {lp.keep_gain:>9.2e} {sq}  {lp.reason}")
+            spread = "-" if math.isnan(lp.channel_spread) else f"{lp.channel_spread:.3g}"
+            lines.append(f"{lp.name:<26.26} {dec:<19.19} {fmts:<9} {100 * lp.flops / total:>6.1f} {spread:>7} "
+                         f"{lp.cost:>9.2e} {lp.solo_increase:>9.2e} {lp.keep_gain:>9.2e} {sq}  {lp.reason}")
         lines.append("")
         lines.append(self.summary())
         return "\n".join(lines)

@@ -15,7 +15,12 @@ for the search and H held out (default: the last third, at least one):
 3. each layer gets the candidate with the best output SQNR (within 1 dB the earlier one)
    and AUTO's formats; one forward pass with every layer under its chosen recipe measures
    the SQNR again (key "plan"), and a layer below SQNR_LIMIT_DB (20 dB, the inspect
-   tool's rule) there is kept in high precision whatever its loss says;
+   tool's rule) there is kept in high precision whatever its loss says. Before that pass,
+   the outlier rule (fp8mix.plan.outliers, measured on the first batch's inputs during
+   step 1, no extra pass): a layer whose input has outlier channels that its recipe's
+   input cast spoils (a channel group below 20 dB) moves to the first fix that passes --
+   per-channel smoothing (Smooth-SwiGLU's, fp8_smooth), rowwise, 1x128 block, MX -- or
+   is kept in high precision; the table's reason says which and the numbers;
 4. metric="loss" only, forward passes: each layer alone in FP8 (its *solo* increase over
    L_hp) and every layer in FP8 but it (its *keep gain*). Its cost is the larger of the
    two, at least 0: solo misses interactions, keep-out misses what others already spoil;
@@ -48,9 +53,11 @@ from typing import Any, Callable, Optional
 
 import torch.nn as nn
 
+from ..formats import Format
 from ..nn.convert import convert_model, unconvert_model
-from ..recipe import RECIPES
+from ..recipe import RECIPES, BlockScaling, MXFP8BlockScaling, RowwiseScaling
 from .measure import LayerProbe, Session, formats_of, sqnr_db
+from .outliers import FIX_ORDER, GROUP_SQNR_LIMIT_DB, assess, option_key
 from .plan import LayerPlan, Plan, fp8_layers
 from .recipes import default_candidates, recipe_label
 
@@ -102,6 +109,10 @@ class _Layer:
     keep: float = math.nan
     cost: float = 0.0
     reason: str = ""
+    channels: Any = None  # fp8mix.plan.outliers.ChannelReport of its input (first batch)
+    smooth: bool = False
+    outlier_note: str = ""
+    outlier_keep: bool = False
 
     @property
     def flops(self) -> float:
@@ -129,7 +140,7 @@ def _grad_sqnr_hook(layers: dict, ref: dict, label: str):
 
 def _measure_candidates(s: Session, info: dict, candidates: dict) -> tuple:
     """Steps 1-2: the high-precision reference, then every candidate on every eligible layer."""
-    probe = LayerProbe(s.layers, formats=False)
+    probe = LayerProbe(s.layers, formats=False, channels=assess)
     ref: dict = {}
 
     def keep_ref(i):
@@ -142,6 +153,7 @@ def _measure_candidates(s: Session, info: dict, candidates: dict) -> tuple:
         probe.remove()
     for n, st in info.items():
         st.rows = probe.rows[n] // len(s.batches)
+        st.channels = probe.channels.get(n)
     eligible = [n for n, st in info.items() if not st.tiny and st.rows > 0]
     loss_all = {}
     for label, recipe in candidates.items():
@@ -174,12 +186,66 @@ def _choose_recipes(info: dict, eligible: list, candidates: dict) -> None:
         st.recipe = dataclasses.replace(candidates[best], fp8_format=fmt)
 
 
+_OPTION = {"tensor": "tensor", "row": "row", "block": "block", "mx": "mx"}  # Granularity value -> cast option
+_FIX_RECIPES = {"row": lambda: RowwiseScaling(fp8_format=Format.HYBRID), "block": lambda: BlockScaling(),
+                "mx": lambda: MXFP8BlockScaling()}
+_FIX_LABELS = {"smooth": "smooth", "row": "rowwise", "block": "block", "mx": "mx"}
+
+
+def _fix_outliers(info: dict, eligible: list, candidates: dict) -> None:
+    """Step 3b (fp8mix.plan.outliers): a layer whose input has outlier channels and whose
+    chosen recipe's input cast leaves a channel group below GROUP_SQNR_LIMIT_DB gets the
+    first fix in FIX_ORDER that passes, or is kept in high precision (outlier_keep)."""
+    for n in eligible:
+        st = info[n]
+        rep = st.channels
+        if rep is None or not rep.has_outliers:
+            continue
+        fmt = st.formats["input"] if st.formats else st.recipe.format("input")
+        opt = option_key(_OPTION.get(str(st.recipe.granularity("input").value), "tensor"), fmt)
+        cur = rep.loss.get(opt)
+        best = max((v for v in st.sqnr.values() if not math.isnan(v)), default=math.nan)
+        if rep.passes(opt) and best >= SQNR_LIMIT_DB:
+            st.outlier_note = f"{rep.describe()}: harmless under its {opt} cast ({cur.text()})"
+            continue
+        if rep.passes(opt):  # the channel groups pass, the layer's output does not under any candidate
+            head = f"{rep.describe()}: output SQNR {best:.1f} dB < {SQNR_LIMIT_DB:g} dB under every candidate"
+        else:
+            head = (f"{rep.describe()}: its {opt} cast leaves {cur.text() if cur else 'no measurement'} "
+                    f"(< {GROUP_SQNR_LIMIT_DB:g} dB)")
+        smoothable = hasattr(type(st.module), "fp8_smooth")
+        for fix in FIX_ORDER:
+            if (fix == "smooth" and not smoothable) or not rep.passes(fix):
+                continue
+            if fix == "smooth":  # the candidate as given: AUTO's format was chosen on the unsmoothed input
+                st.smooth = True
+                st.recipe = candidates[st.candidate]
+            else:
+                st.recipe = _FIX_RECIPES[fix]()
+            st.formats = {r: st.recipe.format(r) for r in ("input", "weight", "grad_output")}
+            st.candidate = _FIX_LABELS[fix] if fix != "smooth" else f"{st.candidate}+smooth"
+            st.outlier_note = f"{head}; {_FIX_LABELS[fix]} fixes it ({rep.loss[fix].text()})"
+            break
+        else:
+            tried = ", ".join(f"{f} {rep.loss[f].worst_group_db:.1f} dB" for f in FIX_ORDER
+                              if f in rep.loss and (smoothable or f != "smooth"))
+            if not smoothable and rep.passes("smooth"):
+                tried += (f"; smoothing would give {rep.loss['smooth'].worst_group_db:.1f} dB but "
+                          f"{type(st.module).__name__} has no fp8_smooth")
+            st.outlier_keep = True
+            st.outlier_note = f"{head}, and no finer cast passes ({tried}): kept in high precision"
+
+
+def _smoothed(info: dict, names) -> frozenset:
+    return frozenset(n for n in names if info[n].smooth)
+
+
 def _measure_chosen(s: Session, info: dict, eligible: list) -> float:
     """Step 3's check: every eligible layer under its chosen recipe (forward only), each
     layer's own output SQNR there (key CHOSEN: what the SQNR rule reads); returns the loss."""
     probe = LayerProbe(s.layers, formats=False)
     try:
-        loss = s.run({n: info[n].recipe for n in eligible}, probe=probe)
+        loss = s.run({n: info[n].recipe for n in eligible}, probe=probe, smooth=_smoothed(info, eligible))
     finally:
         probe.remove()
     for n in eligible:
@@ -191,11 +257,12 @@ def _measure_costs(s: Session, info: dict, fp8: list, loss_hp: float, loss_mix: 
     """Step 4: solo increase and keep gain of every layer of `fp8` (forward only);
     loss_mix: the loss with exactly `fp8` in FP8, when already measured."""
     config = {n: info[n].recipe for n in fp8}
+    sm = _smoothed(info, fp8)
     if loss_mix is None:
-        loss_mix = s.run(config)
+        loss_mix = s.run(config, smooth=sm)
     for n in fp8:
-        info[n].solo = s.run({n: info[n].recipe}) - loss_hp
-        info[n].keep = loss_mix - s.run({k: v for k, v in config.items() if k != n})
+        info[n].solo = s.run({n: info[n].recipe}, smooth=sm & {n}) - loss_hp
+        info[n].keep = loss_mix - s.run({k: v for k, v in config.items() if k != n}, smooth=sm - {n})
         info[n].cost = max(info[n].solo, info[n].keep, 0.0)
 
 
@@ -223,7 +290,7 @@ def _verify(model, held: list, loss_fn, info: dict, chosen: list, budget: float,
         loss_hp = v.run({}, backward=True)
         measured = math.nan
         for attempt in range(max_repairs + 1):
-            loss_plan = v.run({n: info[n].recipe for n in chosen}, backward=True)
+            loss_plan = v.run({n: info[n].recipe for n in chosen}, backward=True, smooth=_smoothed(info, chosen))
             measured = (loss_plan - loss_hp) / loss_hp if loss_hp else math.nan
             if not chosen or not measured > budget or attempt == max_repairs:
                 break
@@ -292,11 +359,14 @@ def _search(model, search, held, loss_fn, candidates, budget, metric, max_repair
         info = {n: _Layer(m) for n, m in s.layers.items()}
         loss_hp, loss_all, eligible = _measure_candidates(s, info, candidates)
         _choose_recipes(info, eligible, candidates)
+        _fix_outliers(info, eligible, candidates)
         loss_mix = _measure_chosen(s, info, eligible)
         ok = []
         for n in eligible:
             st = info[n]
-            if not st.sqnr[CHOSEN] >= SQNR_LIMIT_DB:
+            if st.outlier_keep:
+                st.reason = st.outlier_note
+            elif not st.sqnr[CHOSEN] >= SQNR_LIMIT_DB:
                 st.reason = (f"output SQNR {st.sqnr[CHOSEN]:.1f} dB < {SQNR_LIMIT_DB:g} dB under its best recipe "
                              f"({st.candidate} {st.recipe.fp8_format.name})")
             else:
@@ -315,7 +385,11 @@ def _search(model, search, held, loss_fn, candidates, budget, metric, max_repair
     layers = []
     for n, st in info.items():
         fp8 = n in chosen
-        layers.append(LayerPlan(name=n, decision="fp8" if fp8 else "keep", reason=st.reason,
+        reason = st.reason + (f"; {st.outlier_note}" if st.outlier_note and not st.outlier_keep else "")
+        rep = st.channels
+        layers.append(LayerPlan(name=n, decision="fp8" if fp8 else "keep", reason=reason, smooth=fp8 and st.smooth,
+                                channel_spread=rep.spread if rep is not None else math.nan,
+                                outlier_channels=rep.outliers if rep is not None else 0,
                                 candidate=st.candidate if fp8 else None, recipe=st.recipe if fp8 else None,
                                 formats={r: f.name for r, f in st.formats.items()} if fp8 and st.formats else None,
                                 flops=st.flops, cost=st.cost, solo_increase=st.solo, keep_gain=st.keep,

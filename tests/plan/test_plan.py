@@ -19,7 +19,7 @@ from fp8mix.recipe import BlockScaling, CurrentScaling, DelayedScaling
 TOP_KEYS = {"format", "version", "metric", "budget", "loss_hp", "loss_all_fp8", "predicted_increase",
             "measured_increase", "fp8_flop_share", "passes", "candidates", "notes", "layers"}
 LAYER_KEYS = {"name", "decision", "candidate", "recipe", "formats", "flops", "cost", "solo_increase", "keep_gain",
-              "output_sqnr_db", "grad_sqnr_db", "reason"}
+              "output_sqnr_db", "grad_sqnr_db", "reason", "smooth", "channel_spread", "outlier_channels"}
 
 
 @pytest.fixture(scope="module")
