@@ -38,6 +38,7 @@ EXPERIMENTS = {
     9: "exp9_auto_format",
     10: "exp10_plan",
     11: "exp11_guard",
+    12: "exp12_recipes",
 }
 DOC = os.path.join(C.DOCS, "stability.md")
 START, END = "<!-- exp{} start -->", "<!-- exp{} end -->"
