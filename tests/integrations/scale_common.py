@@ -11,6 +11,8 @@ tests make on it.
     check_resume(...)     the tests' assertions: the resumed run continues the full run's
                           losses and ends with its weights and FP8 state, bit for bit
     check_near_plain(...) the FP8 run's losses within a tolerance of the unconverted run
+    launch_phases(...)    the two launches of a test file: "full" then "resume" (fresh processes)
+    worker(...)           a worker's scenarios: the FP8 and plain runs, or the resumed FP8 run
 
 Every stack trains STEPS optimizer steps with a checkpoint after SAVE_AT, on 2 gloo
 processes (tests/distributed/fsdp_launch.py), rank r reading its own half of each batch.
@@ -18,8 +20,12 @@ processes (tests/distributed/fsdp_launch.py), rank r reading its own half of eac
 from __future__ import annotations
 
 import os
+import sys
 
 import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "distributed"))
+from fsdp_launch import get, init_worker, launch, run_scenarios  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -139,12 +145,52 @@ def accelerate_fsdp_on_cpu(plugin):
     GPU-like devices (its ``distributed_type in [MULTI_GPU, MULTI_NPU, ...]`` branch); on a
     CPU the state stays MULTI_CPU and the plugin is dropped, so the Accelerator (and the HF
     Trainer, which reads ``accelerator.state.fsdp_plugin``) would silently run DDP. This
-    sets the two fields that branch sets; on GPUs ``Accelerator(fsdp_plugin=plugin)``
-    alone does it. The state is shared (a Borg): later Accelerators in the process, the
-    Trainer's included, find it so."""
+    sets what that branch sets (the state's distributed_type and fsdp_plugin, and the
+    distributed_type it copies into PartialState's shared state); on GPUs
+    ``Accelerator(fsdp_plugin=plugin)`` alone does it. The states are shared (Borgs): later
+    Accelerators in the process, the Trainer's included, find them so."""
     from accelerate import Accelerator
+    from accelerate.state import PartialState
     from accelerate.utils import DistributedType
     accelerator = Accelerator(cpu=True, fsdp_plugin=plugin)
     accelerator.state.distributed_type = DistributedType.FSDP
     accelerator.state.fsdp_plugin = plugin
+    PartialState._shared_state["distributed_type"] = DistributedType.FSDP
     return accelerator
+
+
+def launch_phases(script: str, tmp_path_factory, name: str) -> tuple:
+    """Launch `script` twice on 2 processes: phase "full" (the FP8 run, checkpointing after
+    SAVE_AT steps, and the plain run), then phase "resume" (the FP8 run resumed from that
+    checkpoint in fresh processes). Returns both launches' results."""
+    ckpt = tmp_path_factory.mktemp(f"{name}_ckpt")
+    full = launch(script, tmp_path_factory.mktemp(f"{name}_full"), args=("full", ckpt))
+    resumed = launch(script, tmp_path_factory.mktemp(f"{name}_resume"), args=("resume", ckpt))
+    return full, resumed
+
+
+def assert_resumed(runs: tuple, what: str, key: str = "fp8") -> None:
+    full, resumed = runs
+    for rank, (a, b) in enumerate(zip(get(full, key), get(resumed, key))):
+        check_resume(a, b, what=f"{what} rank {rank}")
+
+
+def assert_near_plain(runs: tuple, what: str, fp8: str = "fp8", plain: str = "plain") -> None:
+    full, _ = runs
+    for rank, (a, b) in enumerate(zip(get(full, fp8), get(full, plain))):
+        check_near_plain(a, b, what=f"{what} rank {rank}")
+
+
+def worker(argv: list, train, **env: str) -> None:
+    """A worker of the tests that train through `train(rank, fp8=, ckpt=, resume=)`:
+    argv is ``rank port out_dir phase ckpt_dir``; `env` is set before the process group."""
+    rank, port, out_dir, phase, ckpt_dir = int(argv[0]), int(argv[1]), argv[2], argv[3], argv[4]
+    os.environ.update(LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2", **env)
+    init_worker(rank, port)
+    ckpt = os.path.join(ckpt_dir, "state")
+    if phase == "full":
+        scenarios = [("fp8", lambda: train(rank, fp8=True, ckpt=ckpt)),
+                     ("plain", lambda: train(rank, fp8=False, ckpt=ckpt + "_plain"))]
+    else:
+        scenarios = [("fp8", lambda: train(rank, fp8=True, ckpt=ckpt, resume=True))]
+    run_scenarios(rank, out_dir, scenarios)

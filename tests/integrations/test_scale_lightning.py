@@ -29,9 +29,7 @@ import torch
 pytest.importorskip("lightning.pytorch")
 pytest.importorskip("transformers")
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "distributed"))
-from fsdp_launch import get, launch  # noqa: E402
-from scale_common import check_near_plain, check_resume  # noqa: E402
+from scale_common import assert_near_plain, assert_resumed, get, launch_phases  # noqa: E402
 
 STACKS = ("fsdp1", "fsdp2")
 
@@ -147,7 +145,7 @@ def _sharded_unconverted() -> dict:
 
 
 def _worker(rank: int, port: int, out_dir: str, phase: str, ckpt_dir: str) -> None:
-    from fsdp_launch import init_worker, run_scenarios
+    from scale_common import init_worker, run_scenarios
     os.environ.update(LOCAL_RANK=str(rank), NODE_RANK="0")
     init_worker(rank, port)
     scenarios = []
@@ -168,24 +166,17 @@ def _worker(rank: int, port: int, out_dir: str, phase: str, ckpt_dir: str) -> No
 # --------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    ckpt = tmp_path_factory.mktemp("lightning_ckpt")
-    full = launch(__file__, tmp_path_factory.mktemp("lightning_full"), args=("full", ckpt))
-    resumed = launch(__file__, tmp_path_factory.mktemp("lightning_resume"), args=("resume", ckpt))
-    return full, resumed
+    return launch_phases(__file__, tmp_path_factory, "lightning")
 
 
 @pytest.mark.parametrize("stack", STACKS)
 def test_resumes_bit_for_bit(runs, stack):
-    full, resumed = runs
-    for rank, (a, b) in enumerate(zip(get(full, f"{stack}_fp8"), get(resumed, f"{stack}_fp8"))):
-        check_resume(a, b, what=f"Lightning {stack} rank {rank}")
+    assert_resumed(runs, f"Lightning {stack}", key=f"{stack}_fp8")
 
 
 @pytest.mark.parametrize("stack", STACKS)
 def test_fp8_trains_near_the_plain_run(runs, stack):
-    full, _ = runs
-    for rank, (a, b) in enumerate(zip(get(full, f"{stack}_fp8"), get(full, f"{stack}_plain"))):
-        check_near_plain(a, b, what=f"Lightning {stack} rank {rank}")
+    assert_near_plain(runs, f"Lightning {stack}", fp8=f"{stack}_fp8", plain=f"{stack}_plain")
 
 
 def test_a_model_sharded_before_conversion_is_refused(runs):
