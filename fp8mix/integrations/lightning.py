@@ -238,11 +238,11 @@ class FP8Precision(Precision):
             self.scaler.close()
 
 
-class FP8FSDPPrecision(FP8Precision, FSDPPrecision):
+class FP8FSDPPrecision(FP8Precision, FSDPPrecision):  # type: ignore[misc]  # (scaler: always None here)
     """:class:`FP8Precision` for Lightning's ``FSDPStrategy``, which takes only
     ``FSDPPrecision`` plugins: the same arguments and behaviour, and FSDP's mixed-precision
-    config from `dtype` (float32: FSDP gathers and reduces in float32; bfloat16: as
-    Lightning's ``"bf16-mixed"``). No `scaler`: FP8GradScaler's inf checks are per rank,
+    config from `dtype` (float32: FSDP gathers and reduces in float32, tested; bfloat16: as
+    Lightning's ``"bf16-mixed"``, untested). No `scaler`: FP8GradScaler's inf checks are per rank,
     and FSDP shards the gradients they read."""
 
     def __init__(self, recipe=None, module_filter_fn: Optional[Callable] = None, dtype: torch.dtype = torch.float32,

@@ -13,6 +13,7 @@ tests make on it.
     check_near_plain(...) the FP8 run's losses within a tolerance of the unconverted run
     launch_phases(...)    the two launches of a test file: "full" then "resume" (fresh processes)
     worker(...)           a worker's scenarios: the FP8 and plain runs, or the resumed FP8 run
+    accelerate_run(...)   the training loop of the Accelerate tests (prepare, resume, save)
 
 Every stack trains STEPS optimizer steps with a checkpoint after SAVE_AT, on 2 gloo
 processes (tests/distributed/fsdp_launch.py), rank r reading its own half of each batch.
@@ -36,9 +37,9 @@ STEPS = 8
 SAVE_AT = 4
 LR = 3e-3
 # the FP8 run's loss vs the same run without fp8mix's conversion (both from ln(128) ~ 4.85):
-# FP8 rounding moves each step's loss by well under 1% here (measured <= 0.6%, see
-# docs/integrations.md); a wrong scale, a stale FP8 weight or unsynchronised amaxes show
-# as several percent or a loss that does not fall
+# FP8 rounding moves each step's loss by up to 1.7% here (measured per stack and rank in
+# docs/integrations.md, most below 1%); a wrong scale, a stale FP8 weight or unsynchronised
+# amaxes show as several percent or a loss that does not fall
 NEAR_PLAIN_RTOL = 0.03
 
 
@@ -132,9 +133,11 @@ def check_near_plain(fp8: dict, plain: dict, *, what: str) -> None:
     a = torch.stack(fp8["losses"])
     b = torch.stack(plain["losses"])
     assert a.shape == b.shape == (STEPS,), (what, a.shape, b.shape)
-    assert a[-1] < a[0] - 0.3, f"{what}: the FP8 run did not learn: {a.tolist()}"
+    # (the HF Trainer's forward loss is the rank's token sum over the global token count: ~1/2 the mean)
+    assert a[-1] < 0.95 * a[0], f"{what}: the FP8 run did not learn: {a.tolist()}"
     rel = ((a - b).abs() / b).max().item()
-    print(f"{what}: FP8 vs plain, max relative loss difference {rel:.2e} over {STEPS} steps")
+    print(f"{what}: FP8 vs plain, max relative loss difference {rel:.2e} over {STEPS} steps; "
+          f"FP8 loss {a[0].item():.4f} -> {a[-1].item():.4f}")
     assert rel <= NEAR_PLAIN_RTOL, f"{what}: FP8 losses {a.tolist()}\nplain      {b.tolist()}\nmax rel {rel}"
     assert not torch.equal(a, b), f"{what}: the FP8 run equals the plain one (nothing ran in FP8?)"
 
@@ -181,16 +184,47 @@ def assert_near_plain(runs: tuple, what: str, fp8: str = "fp8", plain: str = "pl
         check_near_plain(a, b, what=f"{what} rank {rank}")
 
 
-def worker(argv: list, train, **env: str) -> None:
+def worker(argv: list, train, extra: tuple = (), **env: str) -> None:
     """A worker of the tests that train through `train(rank, fp8=, ckpt=, resume=)`:
-    argv is ``rank port out_dir phase ckpt_dir``; `env` is set before the process group."""
+    argv is ``rank port out_dir phase ckpt_dir``; `extra` ((name, fn) pairs) runs after
+    the full phase's runs; `env` is set before the process group."""
     rank, port, out_dir, phase, ckpt_dir = int(argv[0]), int(argv[1]), argv[2], argv[3], argv[4]
     os.environ.update(LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2", **env)
     init_worker(rank, port)
     ckpt = os.path.join(ckpt_dir, "state")
     if phase == "full":
         scenarios = [("fp8", lambda: train(rank, fp8=True, ckpt=ckpt)),
-                     ("plain", lambda: train(rank, fp8=False, ckpt=ckpt + "_plain"))]
+                     ("plain", lambda: train(rank, fp8=False, ckpt=ckpt + "_plain")), *extra]
     else:
         scenarios = [("fp8", lambda: train(rank, fp8=True, ckpt=ckpt, resume=True))]
     run_scenarios(rank, out_dir, scenarios)
+
+
+def accelerate_run(accelerator, rank: int, *, fp8: bool, ckpt: str, resume: bool, check) -> tuple:
+    """The loop of the Accelerate tests: the tiny Llama and AdamW through fp8mix's
+    ``prepare`` (fp8) or ``accelerator.prepare`` alone; ``check(model)`` on the prepared
+    model; ``load_state(ckpt)`` first when resuming, ``save_state(ckpt)`` after SAVE_AT
+    steps in the FP8 run. Returns (prepared model, losses)."""
+    from fp8mix.integrations.accelerate import prepare
+    from fp8mix.recipe import DelayedScaling
+    model = tiny_llama()
+    losses = LossLog(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    if fp8:
+        model, opt = prepare(accelerator, model, opt, recipe=DelayedScaling(amax_history_len=4),
+                             module_filter_fn=fp8_filter)
+    else:
+        model, opt = accelerator.prepare(model, opt)
+    check(model)
+    start = 0
+    if resume:
+        accelerator.load_state(ckpt)
+        start = SAVE_AT
+    for step in range(start, STEPS):
+        loss = model(**local_batch(step, rank)).loss
+        accelerator.backward(loss)
+        opt.step()
+        opt.zero_grad()
+        if fp8 and not resume and step + 1 == SAVE_AT:
+            accelerator.save_state(ckpt)
+    return model, list(losses)

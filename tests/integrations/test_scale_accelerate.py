@@ -17,7 +17,6 @@ from __future__ import annotations
 import sys
 
 import pytest
-import torch
 
 pytest.importorskip("accelerate")
 pytest.importorskip("transformers")
@@ -30,46 +29,18 @@ from scale_common import assert_near_plain, assert_resumed, launch_phases, worke
 # --------------------------------------------------------------------------------------
 def _train(rank: int, *, fp8: bool, ckpt: str, resume: bool = False) -> dict:
     from accelerate.utils import FullyShardedDataParallelPlugin
-    from scale_common import (
-        LR,
-        SAVE_AT,
-        STEPS,
-        LossLog,
-        accelerate_fsdp_on_cpu,
-        fp8_filter,
-        full_state,
-        local_batch,
-        tiny_llama,
-    )
-
-    from fp8mix.integrations.accelerate import prepare
-    from fp8mix.recipe import DelayedScaling
+    from scale_common import accelerate_fsdp_on_cpu, accelerate_run, full_state
 
     plugin = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap",
                                             transformer_cls_names_to_wrap=["LlamaDecoderLayer"],
                                             state_dict_type="SHARDED_STATE_DICT", reshard_after_forward=True)
     accelerator = accelerate_fsdp_on_cpu(plugin)
-    model = tiny_llama()
-    losses = LossLog(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=LR)
-    if fp8:
-        model, opt = prepare(accelerator, model, opt, recipe=DelayedScaling(amax_history_len=4),
-                             module_filter_fn=fp8_filter)
-    else:
-        model, opt = accelerator.prepare(model, opt)
-    assert accelerator.is_fsdp2 and type(model).__name__.startswith("FSDP"), type(model)
-    start = 0
-    if resume:
-        accelerator.load_state(ckpt)
-        start = SAVE_AT
-    for step in range(start, STEPS):
-        loss = model(**local_batch(step, rank)).loss
-        accelerator.backward(loss)
-        opt.step()
-        opt.zero_grad()
-        if fp8 and not resume and step + 1 == SAVE_AT:
-            accelerator.save_state(ckpt)
-    return {"losses": list(losses), "state": full_state(model)}  # (no end_training: it ends the process group)
+
+    def check(model):
+        assert accelerator.is_fsdp2 and type(model).__name__.startswith("FSDP"), type(model)
+
+    model, losses = accelerate_run(accelerator, rank, fp8=fp8, ckpt=ckpt, resume=resume, check=check)
+    return {"losses": losses, "state": full_state(model)}  # (no end_training: it ends the process group)
 
 
 # --------------------------------------------------------------------------------------
