@@ -28,7 +28,7 @@ rather than silently restarting the FP8 state. ``mixed_precision="fp8"`` (Accele
 backends, from ``ACCELERATE_MIXED_PRECISION``) is refused: it would stack a second FP8
 backend.
 
-FSDP (``fsdp="full_shard"``, ``fsdp_config={"version": 2, ...}``): the model is converted
+FSDP (``fsdp=True``, ``fsdp_config={"version": 2, ...}``): the model is converted
 at ``on_init_end``, before the Trainer's ``accelerator.prepare`` shards it, so FSDP2
 gathers the high-precision weights and fp8mix casts the gathered weight; the FP8 state
 is replicated buffers that the FSDP checkpoints save and ``resume_from_checkpoint``

@@ -1,5 +1,5 @@
 """fp8mix.integrations.transformers.FP8TrainerCallback with the Hugging Face Trainer under
-FSDP2 (``fsdp="full_shard"``, ``fsdp_config={"version": 2, ...}``, sharded checkpoints),
+FSDP2 (``fsdp=True``, ``fsdp_config={"version": 2, ...}``, sharded checkpoints),
 2 gloo CPU processes: the tiny Llama (tests/integrations/scale_common.py) trains 8 steps
 in FP8 with a save_strategy checkpoint after 4; fresh processes
 ``train(resume_from_checkpoint=...)`` and continue bit for bit (losses, weights, FP8
@@ -58,7 +58,7 @@ def _train(rank: int, *, fp8: bool, ckpt: str, resume: bool = False) -> dict:
             output_dir=ckpt, max_steps=STEPS, per_device_train_batch_size=LOCAL_BATCH, learning_rate=LR,
             lr_scheduler_type="constant", save_strategy="steps" if fp8 else "no", save_steps=SAVE_AT, report_to=[],
             use_cpu=True, seed=0, disable_tqdm=True, logging_steps=SAVE_AT, dataloader_num_workers=0,
-            fsdp="full_shard", fsdp_config=dict(FSDP_CONFIG), save_only_model=False)
+            fsdp=True, fsdp_config=dict(FSDP_CONFIG), save_only_model=False)
     accelerate_fsdp_on_cpu(FullyShardedDataParallelPlugin(**args.fsdp_plugin_args))
     model = tiny_llama()
     losses = LossLog(model)
