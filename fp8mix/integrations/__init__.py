@@ -11,7 +11,9 @@ ImportError naming the pip package when the library is missing.
 What lives here is what the integrations share and needs no library: argument checks,
 a conversion that leaves a converted model alone, and a model forward wrapped in
 :func:`fp8mix.fp8_autocast` (for the libraries that call ``model(...)`` themselves and
-offer no context hook around it). It does not cover LayerNorm fusion, FSDP or DeepSpeed.
+offer no context hook around it). Each integration also runs under its library's sharded
+training (FSDP, DeepSpeed ZeRO-2 through Accelerate: docs/integrations.md); LayerNorm
+fusion is not covered.
 """
 from __future__ import annotations
 

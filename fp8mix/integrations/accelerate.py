@@ -16,7 +16,17 @@ optimizer made before stays valid), wrap the model's forward in ``fp8_autocast``
 Accelerate wraps it in ``torch.autocast`` for bf16), then let Accelerate prepare
 everything. The FP8 state is buffers of the model, so ``save_state`` / ``load_state``
 carry it; evaluation (``model.eval()``, ``no_grad``) computes in FP8 and changes no FP8
-state. Not covered: DeepSpeed, FSDP and Megatron-LM through Accelerate.
+state.
+
+FSDP (the ``FullyShardedDataParallelPlugin``, tested with fsdp_version=2): the model is
+converted before ``accelerator.prepare`` shards it, so FSDP gathers the high-precision
+weights and fp8mix casts the gathered weight (amaxes all-reduced over the world group, so
+every rank casts alike); the FP8 state is replicated buffers, which the sharded state
+dict saves and ``load_state`` restores (tests/integrations/test_scale_accelerate.py: a
+resumed run equals the uninterrupted one bit for bit). DeepSpeed ZeRO-0/1/2 (the
+weights stay whole on every rank) work the same way (tests/integrations/test_scale_deepspeed.py);
+ZeRO-3 is refused. Not covered: Megatron-LM, and FSDP2's FP8 all-gather
+(``convert_model(..., fsdp_fp8_all_gather=True)``) through ``prepare``.
 """
 from __future__ import annotations
 
@@ -41,9 +51,21 @@ def _check_accelerator(accelerator) -> None:
                          f"adds a second FP8 backend ({getattr(backend, 'value', backend)}) on top of fp8mix; "
                          "create it with mixed_precision='no' or 'bf16' (fp8mix does the FP8 part)")
     dist = str(getattr(accelerator, "distributed_type", ""))
-    if dist.endswith(("DEEPSPEED", "FSDP", "MEGATRON_LM")):
+    if dist.endswith("MEGATRON_LM"):
         raise NotImplementedError(f"fp8mix.integrations.accelerate.prepare: {dist} is not supported "
-                                  "(single process and multi-process DDP are)")
+                                  "(single process, multi-process DDP, FSDP and DeepSpeed ZeRO-1/2 are)")
+    if dist.endswith("DEEPSPEED"):
+        stage = _zero_stage(accelerator)
+        if stage not in (0, 1, 2):
+            raise NotImplementedError(f"fp8mix.integrations.accelerate.prepare: DeepSpeed ZeRO stage {stage} is not "
+                                      "supported (ZeRO-3 partitions the weights fp8mix casts; stages 0-2 are)")
+
+
+def _zero_stage(accelerator):
+    """The ZeRO stage of the Accelerator's DeepSpeed config (0 when it names none)."""
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    cfg = getattr(plugin, "deepspeed_config", None) or {}
+    return cfg.get("zero_optimization", {}).get("stage", 0)
 
 
 def prepare(accelerator, model: torch.nn.Module, *objects, recipe=None,

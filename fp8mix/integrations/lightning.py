@@ -21,7 +21,10 @@ What the plugin does, at Lightning's extension points (``lightning.pytorch.plugi
   key (``checkpoint["FP8Precision"]["fp8_state"]``) and taken out of
   ``checkpoint["state_dict"]``, so that state dict loads into the plain LightningModule
   (Lightning restores the weights before it lets the plugin convert the model) and
-  ``Trainer.fit(ckpt_path=...)`` restores the FP8 state after converting. Weights-only
+  ``Trainer.fit(ckpt_path=...)`` restores the FP8 state after converting. Strategies
+  that restore after setup (FSDPStrategy, ModelParallelStrategy: the model is converted
+  and sharded before the load) keep the FP8 state in ``checkpoint["state_dict"]``
+  instead, where their sharded checkpoints save it and their load restores it. Weights-only
   checkpoints (``ModelCheckpoint(save_weights_only=True)``) are written without the
   plugin's hooks, so their ``state_dict`` keeps the FP8 entries: load those into a
   converted model, or drop the entries with :func:`fp8mix.strip_fp8_state`.
@@ -29,8 +32,14 @@ What the plugin does, at Lightning's extension points (``lightning.pytorch.plugi
   used as Lightning's own mixed-precision plugin uses torch's GradScaler; its state is
   checkpointed with the FP8 state.
 
-Not covered: Lightning's FSDP and DeepSpeed strategies (they save sharded checkpoints
-the FP8 state hooks do not see); single device and DDP are.
+Sharded strategies (tests/integrations/test_scale_lightning.py, resumed bit for bit):
+``FSDPStrategy`` takes only ``FSDPPrecision`` plugins: pass :class:`FP8FSDPPrecision` (the
+same plugin, also one); it converts the LightningModule before FSDP wraps it. Under
+ModelParallelStrategy ``configure_model`` applies ``fully_shard``, which runs before this
+plugin sees the model: convert there first (``fp8mix.convert_model(self.model, ...)``, with
+``fsdp_fp8_all_gather=True`` for FP8 all-gathers); the plugin then leaves the converted
+model as it is, and refuses a sharded model that is not converted. Not covered:
+DeepSpeedStrategy.
 """
 from __future__ import annotations
 
@@ -46,6 +55,7 @@ from . import (
     convert,
     fp8_module_prefixes,
     fp8_state_of,
+    is_converted,
     require,
     split_fp8_state,
 )
@@ -53,7 +63,7 @@ from . import (
 pl = require("lightning.pytorch", pip_name="lightning", integration="lightning")
 
 from lightning.fabric.plugins.precision.amp import _optimizer_handles_unscaling  # noqa: E402
-from lightning.pytorch.plugins.precision import Precision  # noqa: E402
+from lightning.pytorch.plugins.precision import FSDPPrecision, Precision  # noqa: E402
 from lightning.pytorch.utilities import GradClipAlgorithmType  # noqa: E402
 from lightning.pytorch.utilities.exceptions import MisconfigurationException  # noqa: E402
 
@@ -61,9 +71,16 @@ from ..context import as_bool, fp8_autocast  # noqa: E402
 from ..grad_scaler import FP8GradScaler  # noqa: E402
 from ..nn import load_fp8_state  # noqa: E402
 
-__all__ = ["FP8Precision"]
+__all__ = ["FP8Precision", "FP8FSDPPrecision"]
 
 _DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _sharded_by_fully_shard(module: torch.nn.Module) -> bool:
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed.fsdp import FSDPModule
+    return any(isinstance(m, FSDPModule) for m in module.modules())
 
 
 class FP8Precision(Precision):
@@ -105,9 +122,22 @@ class FP8Precision(Precision):
     # ---- the model -------------------------------------------------------------------
     def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
         """Convert the LightningModule's linear layers in place (Lightning calls this in
-        ``Strategy.setup``, before the optimizers are made and before DDP wraps it)."""
+        ``Strategy.setup``, before the optimizers are made and before DDP or FSDP wraps it;
+        under ModelParallelStrategy after ``configure_model`` sharded it)."""
+        if not is_converted(module) and _sharded_by_fully_shard(module):
+            raise ValueError("FP8Precision: the LightningModule was sharded by fully_shard (in configure_model, "
+                             "under ModelParallelStrategy) before the plugin could convert it; FSDP2 shards the "
+                             "Parameters it finds, so convert first: call fp8mix.convert_model(self.model, "
+                             "module_filter_fn=...) in configure_model before fully_shard (with "
+                             "fsdp_fp8_all_gather=True to all-gather the weights in FP8)")
         self._module = convert("FP8Precision", module, self.module_filter_fn)
         return module
+
+    def _fp8_in_state_dict(self) -> bool:
+        """Whether the FP8 state stays in ``checkpoint["state_dict"]``: the strategy loads
+        checkpoints into the set-up (converted, maybe sharded) model."""
+        trainer = getattr(self._module, "_trainer", None)
+        return bool(getattr(getattr(trainer, "strategy", None), "restore_checkpoint_after_setup", False))
 
     def _device_type(self) -> str:
         dev = getattr(self._module, "device", None)
@@ -180,7 +210,7 @@ class FP8Precision(Precision):
         """What Lightning saves under ``checkpoint["FP8Precision"]``: the model's FP8 state
         entries (keyed as in the LightningModule's state_dict) and the scaler's state."""
         out: dict = {"format": 1}
-        if self._module is not None:
+        if self._module is not None and not self._fp8_in_state_dict():
             out["fp8_state"] = fp8_state_of(self._module.state_dict())
         if self.scaler is not None:
             out["scaler"] = self.scaler.state_dict()
@@ -188,8 +218,10 @@ class FP8Precision(Precision):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         """Take the FP8 entries out of ``checkpoint["state_dict"]`` (they are in the plugin's
-        entry): the weights then load into the plain LightningModule."""
-        if self._module is not None and isinstance(checkpoint.get("state_dict"), dict):
+        entry): the weights then load into the plain LightningModule. Left in place for
+        strategies that load into the set-up model (their load restores it)."""
+        if self._module is not None and isinstance(checkpoint.get("state_dict"), dict) \
+                and not self._fp8_in_state_dict():
             split_fp8_state(checkpoint["state_dict"], fp8_module_prefixes(self._module))
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -204,3 +236,17 @@ class FP8Precision(Precision):
     def teardown(self) -> None:
         if self.scaler is not None:
             self.scaler.close()
+
+
+class FP8FSDPPrecision(FP8Precision, FSDPPrecision):  # type: ignore[misc]  # (scaler: always None here)
+    """:class:`FP8Precision` for Lightning's ``FSDPStrategy``, which takes only
+    ``FSDPPrecision`` plugins: the same arguments and behaviour, and FSDP's mixed-precision
+    config from `dtype` (float32: FSDP gathers and reduces in float32, tested; bfloat16: as
+    Lightning's ``"bf16-mixed"``, untested). No `scaler`: FP8GradScaler's inf checks are per rank,
+    and FSDP shards the gradients they read."""
+
+    def __init__(self, recipe=None, module_filter_fn: Optional[Callable] = None, dtype: torch.dtype = torch.float32,
+                 *, fp8_group=None, monitor=None, fp8_evaluation: bool = True) -> None:
+        FP8Precision.__init__(self, recipe, module_filter_fn, dtype, fp8_group=fp8_group, monitor=monitor,
+                              fp8_evaluation=fp8_evaluation)
+        self._desired_input_dtype = torch.float32  # (what FSDPPrecision's __init__ sets: inputs stay float32)

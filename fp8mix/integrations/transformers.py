@@ -26,7 +26,14 @@ A ``model_init`` model is made inside ``train()``: it is converted at ``on_train
 which is after the Trainer loaded any checkpoint, so resuming such a run is refused
 rather than silently restarting the FP8 state. ``mixed_precision="fp8"`` (Accelerate's FP8
 backends, from ``ACCELERATE_MIXED_PRECISION``) is refused: it would stack a second FP8
-backend. Not covered: DeepSpeed and FSDP through the Trainer.
+backend.
+
+FSDP (``fsdp=True``, ``fsdp_config={"version": 2, ...}``): the model is converted
+at ``on_init_end``, before the Trainer's ``accelerator.prepare`` shards it, so FSDP2
+gathers the high-precision weights and fp8mix casts the gathered weight; the FP8 state
+is replicated buffers that the FSDP checkpoints save and ``resume_from_checkpoint``
+restores bit for bit (tests/integrations/test_scale_hf_trainer.py). Not covered:
+DeepSpeed through the Trainer.
 """
 from __future__ import annotations
 
@@ -67,8 +74,8 @@ class FP8TrainerCallback(TrainerCallback):
         if getattr(args, "mixed_precision", "no") == "fp8":
             raise ValueError(f"{owner}: the Trainer's mixed_precision is 'fp8' (ACCELERATE_MIXED_PRECISION), which "
                              "adds a second FP8 backend on top of fp8mix; use 'no' or bf16=True")
-        if getattr(args, "deepspeed", None) or getattr(args, "fsdp", None):
-            raise NotImplementedError(f"{owner}: DeepSpeed and FSDP are not supported")
+        if getattr(args, "deepspeed", None):
+            raise NotImplementedError(f"{owner}: DeepSpeed is not supported (single process, DDP and FSDP are)")
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"{owner}: the Trainer has no model to convert (got {type(model).__name__})")
         convert(owner, model, self.module_filter_fn)

@@ -2,7 +2,7 @@
 file (the file run as a script), the workers' results read back by the tests, and a
 counter of what torch.distributed's collectives move.
 
-    launch(script, out_dir)   runs `script rank port out_dir` on 2 processes; returns each
+    launch(script, out_dir)   runs `script rank port out_dir *args` on 2 processes; returns each
                               rank's saved results (a dict per scenario), or fails the test
                               with the workers' output (a timeout included: never a hang)
     init_worker(rank, port)   the worker's process group: gloo, its timeout bounded to 60 s
@@ -36,13 +36,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(script: str, out_dir, timeout_s: int = LAUNCH_TIMEOUT_S) -> list:
-    """Run `script` as WORLD worker processes and return their results (rank order)."""
+def launch(script: str, out_dir, timeout_s: int = LAUNCH_TIMEOUT_S, args: tuple = ()) -> list:
+    """Run `script` as WORLD worker processes and return their results (rank order);
+    `args` follow the rank, port and out_dir on each worker's command line."""
     port = _free_port()
     path = os.pathsep.join([_ROOT, _TESTS, os.path.dirname(os.path.abspath(__file__)),
                             os.environ.get("PYTHONPATH", "")])
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=path)
-    procs = [subprocess.Popen([sys.executable, os.path.abspath(script), str(r), str(port), str(out_dir)], env=env,
+    argv = [str(port), str(out_dir), *map(str, args)]
+    procs = [subprocess.Popen([sys.executable, os.path.abspath(script), str(r), *argv], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(WORLD)]
     logs = []
     deadline = time.time() + timeout_s

@@ -202,3 +202,29 @@ def test_bad_arguments_raise_clearly(kwargs, exc, words):
 def test_the_plugin_and_a_precision_flag_together_are_refused_by_lightning():
     with pytest.raises(ValueError, match="precision"):
         L.Trainer(accelerator="cpu", precision="bf16-mixed", plugins=[FP8Precision()], logger=False)
+
+
+def test_the_fsdp_plugin_is_an_fsdp_precision_and_an_fp8_precision():
+    """FSDPStrategy accepts only FSDPPrecision plugins: FP8FSDPPrecision is one, behaves as
+    FP8Precision (its recipe, filter and checks), gives FSDP a float32 config and has no
+    scaler (trained under FSDPStrategy in tests/integrations/test_scale_lightning.py)."""
+    from lightning.pytorch.plugins.precision import FSDPPrecision
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    from fp8mix.integrations.lightning import FP8FSDPPrecision
+    plugin = FP8FSDPPrecision(recipe=CurrentScaling(), module_filter_fn=lambda m, fqn: "2" not in fqn)
+    assert isinstance(plugin, FSDPPrecision) and isinstance(plugin, FP8Precision)
+    strategy = FSDPStrategy()
+    strategy.precision_plugin = plugin  # (a plain FP8Precision raises TypeError here)
+    with pytest.raises(TypeError, match="FSDPPrecision"):
+        strategy.precision_plugin = FP8Precision()
+    cfg = plugin.mixed_precision_config
+    assert (cfg.param_dtype, cfg.reduce_dtype, cfg.buffer_dtype) == (torch.float32,) * 3
+    assert plugin.scaler is None and plugin.recipe == CurrentScaling()
+    net = _net()
+    plugin.convert_module(net)
+    assert type(net.net[0]) is fp8mix.Linear and type(net.net[2]) is torch.nn.Linear
+    with pytest.raises(TypeError, match="scaler"):
+        FP8FSDPPrecision(scaler=fp8mix.FP8GradScaler())  # type: ignore[call-arg]
+    with pytest.raises(ValueError, match="dtype"):
+        FP8FSDPPrecision(dtype=torch.float16)
