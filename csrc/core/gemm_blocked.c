@@ -60,8 +60,9 @@ typedef struct plan {
     int64_t mr, nr, mc, nc, n_ic;
     int64_t kcmax;             /* the K step (KC)                                */
     int block;                 /* BLOCK scales                                   */
+    int mx;                    /* MX scales (32-deep K runs)                     */
     int fused_epi;             /* whole tiles' epilogue in the last microkernel  */
-    int64_t nkb, nnb;          /* BLOCK: scale blocks along K and along N        */
+    int64_t nkb, nnb;          /* BLOCK / MX: scale blocks along K; BLOCK: along N */
     /* the current column chunk and K step */
     int64_t jc, ncc, nsl;      /* chunk start, width, NR slivers                 */
     int64_t n_jg, sl_per_jg;   /* column groups of the compute tasks             */
@@ -157,6 +158,39 @@ static void pack_b_task(void *ctx, int64_t s, int worker)
                            pl->uk->bf16, dst);
 }
 
+/* MX scales over the K step of one tile (C at c, stride ld): per 32-deep block q the
+ * rows' and columns' scales (0 outside the valid mv x nv: those outputs are dropped),
+ * then the kernel's MX mode, or fn once per block into a tile buffer and the rule
+ * C = C + part * (sa * sb) here (gemm.c), each operation rounded, in the same order. */
+static void run_mx(const plan *pl, const uint32_t *as, const uint32_t *bs, int64_t i, int64_t j, int mv, int nv,
+                   float *c, int64_t ld, int load)
+{
+    const fp8mix_gemm_args *g = pl->g;
+    const fp8mix_gemm_ukernel *uk = pl->uk;
+    int64_t mr = pl->mr, nr = pl->nr, nkb = pl->nkb, kb0 = pl->pc / FP8MIX_MX_BLOCK;
+    int64_t nq = ceil_div(pl->kc, FP8MIX_MX_BLOCK);
+    float sa[KC_MAX / FP8MIX_MX_BLOCK * 32], sb[KC_MAX / FP8MIX_MX_BLOCK * 32];
+    for (int64_t q = 0; q < nq; q++) {
+        for (int r = 0; r < mr; r++) sa[q * mr + r] = r < mv ? g->scale_a[(i + r) * nkb + kb0 + q] : 0.0f;
+        for (int x = 0; x < nr; x++) sb[q * nr + x] = x < nv ? g->scale_b[(j + x) * nkb + kb0 + q] : 0.0f;
+    }
+    if (uk->fn_mx) {
+        uk->fn_mx(pl->kce, as, bs, c, ld, load, sa, sb);
+        return;
+    }
+    float part[MAX_TILE];
+    for (int64_t q = 0; q < nq; q++) {
+        int64_t k0 = q * FP8MIX_MX_BLOCK, kk = min64(FP8MIX_MX_BLOCK, pl->kc - k0);
+        uk->fn(kk + (kk & 1), as + slots(pl, k0) * mr, bs + slots(pl, k0) * nr, part, nr, 0, NULL);
+        const int add = load || q > 0;
+        for (int64_t r = 0; r < mr; r++)
+            for (int64_t x = 0; x < nr; x++) {
+                float o = add ? c[r * ld + x] : 0.0f;
+                c[r * ld + x] = o + part[r * nr + x] * (sa[q * mr + r] * sb[q * nr + x]);
+            }
+    }
+}
+
 /* One MR x NR tile at rows i.., columns j.. (mv x nv of them valid). */
 static void run_tile(const plan *pl, const uint32_t *as, const uint32_t *bs, int64_t i, int64_t j,
                      int mv, int nv)
@@ -180,7 +214,9 @@ static void run_tile(const plan *pl, const uint32_t *as, const uint32_t *bs, int
         uk->fn_final(pl->kce, as, bs, c, ld, load, s, g->bias ? (const float *)g->bias + j : NULL);
         return;
     }
-    if (!pl->block) {
+    if (pl->mx) {
+        run_mx(pl, as, bs, i, j, mv, nv, c, ld, load);
+    } else if (!pl->block) {
         uk->fn(pl->kce, as, bs, c, ld, load, NULL);
     } else {
         float rs[KC_MAX / FP8MIX_BLOCK * 32]; /* per 128-deep block of the K step: MR (<= 32) row scales */
@@ -366,8 +402,9 @@ fp8mix_status fp8mix_gemm_blocked_with(const fp8mix_gemm_args *g, const fp8mix_g
     pl.mr = pl.uk->mr;
     pl.nr = pl.uk->nr;
     pl.block = g->scale_a_kind == FP8MIX_MM_SCALE_BLOCK;
+    pl.mx = g->scale_a_kind == FP8MIX_MM_SCALE_MX;
     pl.fused_epi = uk->fn_final && !pl.block && fp8mix_gemm_epilogue_simple(g);
-    pl.nkb = ceil_div(K, FP8MIX_BLOCK);
+    pl.nkb = ceil_div(K, pl.mx ? FP8MIX_MX_BLOCK : FP8MIX_BLOCK);
     pl.nnb = ceil_div(N, FP8MIX_BLOCK);
     pl.kcmax = kc_for(uk);
     size_t got = 0, bytes = plan_sizes(&pl, workers);

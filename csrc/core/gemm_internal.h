@@ -75,6 +75,16 @@ typedef void (*fp8mix_gemm_ukernel_final_fn)(int64_t kc, const void *a, const vo
 typedef void (*fp8mix_gemm_ukernel_blocks_fn)(int64_t kc, const void *a, const void *b, float *c, int64_t ldc,
                                               int load_c, const float *rs);
 
+/* Optional: the microkernel's MX mode over a whole K step: for block q = 0, 1, ... of kc
+ * (each 32 deep, the last possibly shorter and then padded to even),
+ *   part = +0 + the block's products (canonical order);
+ *   C = (load_c || q > 0 ? C : +0) + part * (sa[q * MR + r] * sb[q * NR + c])
+ * (the scale product, the multiply and the add each rounded to float32, no FMA): what
+ * the driver's generic MX loop does with fn, without a pass over a tile buffer per
+ * block.  sa has MR and sb NR entries per block. */
+typedef void (*fp8mix_gemm_ukernel_mx_fn)(int64_t kc, const void *a, const void *b, float *c, int64_t ldc,
+                                          int load_c, const float *sa, const float *sb);
+
 typedef struct fp8mix_gemm_ukernel {
     int mr, nr;            /* tile; nr divides 128 (block scales) */
     int bf16;              /* packed panels hold bf16 pairs       */
@@ -84,6 +94,8 @@ typedef struct fp8mix_gemm_ukernel {
     const char *name;
     fp8mix_gemm_ukernel_final_fn fn_final; /* NULL: fn, then scale_rows */
     fp8mix_gemm_ukernel_blocks_fn fn_blocks; /* NULL: fn once per block */
+    fp8mix_gemm_ukernel_mx_fn fn_mx;         /* NULL: fn once per 32-deep block, then
+                                                the scales in the driver          */
 } fp8mix_gemm_ukernel;
 
 /* The portable kernels (the scalar ISA's, and the oracles of the SIMD ones):
@@ -105,9 +117,15 @@ void fp8mix_gemm_ukernel_final_f32_6x16__avx2(int64_t kc, const void *a, const v
                                               int load_c, const float *s, const float *bias);
 void fp8mix_gemm_ukernel_blocks_f32_6x16__avx2(int64_t kc, const void *a, const void *b, float *c, int64_t ldc,
                                                int load_c, const float *rs);
+void fp8mix_gemm_ukernel_mx_f32_6x16__avx2(int64_t kc, const void *a, const void *b, float *c, int64_t ldc,
+                                           int load_c, const float *sa, const float *sb);
 void fp8mix_gemm_ukernel_f32_14x32__avx512(int64_t kc, const void *a, const void *b,
                                            float *c, int64_t ldc, int load_c,
                                            const float *rs);
+void fp8mix_gemm_ukernel_mx_f32_14x32__avx512(int64_t kc, const void *a, const void *b, float *c, int64_t ldc,
+                                              int load_c, const float *sa, const float *sb);
+void fp8mix_gemm_ukernel_mx_bf16_14x32__avx512bf16(int64_t kc, const void *a, const void *b, float *c, int64_t ldc,
+                                                   int load_c, const float *sa, const float *sb);
 void fp8mix_gemm_ukernel_bf16_14x32__avx512bf16(int64_t kc, const void *a,
                                                 const void *b, float *c,
                                                 int64_t ldc, int load_c,
@@ -170,8 +188,8 @@ fp8mix_status fp8mix_gemm_check_args(const fp8mix_gemm_args *g);
 fp8mix_status fp8mix_gemm_blocked(const fp8mix_gemm_args *g);
 fp8mix_status fp8mix_gemm_blocked_with(const fp8mix_gemm_args *g, const fp8mix_gemm_ukernel *uk);
 fp8mix_status fp8mix_gemm_fp22(const fp8mix_gemm_args *g);
-/* The MX driver (gemm_mx.c), also called by fp8mix_gemm_ref: its own plain loop
- * is the rule (see fp8mix.h). */
+/* The MX reference (gemm_mx.c), called by fp8mix_gemm_ref: a plain loop over rows
+ * in the rule's order (see fp8mix.h), the oracle of the blocked driver's MX path. */
 fp8mix_status fp8mix_gemm_mx(const fp8mix_gemm_args *g);
 
 /* The scalar reference (gemm_ref.c): a plain loop over (i, j, k) implementing

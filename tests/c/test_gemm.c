@@ -51,6 +51,7 @@ static int64_t nscale(fp8mix_mm_scale kind, int64_t rows, int64_t k, int64_t n, 
 {
     if (kind == FP8MIX_MM_SCALE_TENSOR) return 1;
     if (kind == FP8MIX_MM_SCALE_OUTER) return is_a ? rows : n;
+    if (kind == FP8MIX_MM_SCALE_MX) return (is_a ? rows : n) * ((k + 31) / 32);
     int64_t nkb = (k + 127) / 128;
     return is_a ? rows * nkb : nkb * ((n + 127) / 128);
 }
@@ -139,14 +140,14 @@ static double bias_at(const fp8mix_gemm_args *g, int64_t j)
 static double *oracle(const fp8mix_gemm_args *g)
 {
     double *o = malloc((size_t)(g->m * g->n + 1) * sizeof(double));
-    int64_t nkb = (g->k + 127) / 128, nnb = (g->n + 127) / 128;
+    const int mx = g->scale_a_kind == FP8MIX_MM_SCALE_MX, blocked = mx || g->scale_a_kind == FP8MIX_MM_SCALE_BLOCK;
+    const int64_t bk = mx ? 32 : 128; /* K block of the scales */
+    int64_t nkb = (g->k + bk - 1) / bk, nnb = (g->n + 127) / 128;
     for (int64_t i = 0; i < g->m; i++)
         for (int64_t j = 0; j < g->n; j++) {
             double tot = 0.0;
-            for (int64_t p0 = 0; p0 < g->k || (p0 == 0 && g->k == 0); p0 += 128) {
-                int64_t p1 = g->scale_a_kind == FP8MIX_MM_SCALE_BLOCK
-                                 ? (p0 + 128 < g->k ? p0 + 128 : g->k)
-                                 : g->k;
+            for (int64_t p0 = 0; p0 < g->k || (p0 == 0 && g->k == 0); p0 += bk) {
+                int64_t p1 = blocked ? (p0 + bk < g->k ? p0 + bk : g->k) : g->k;
                 double s = 0.0;
                 for (int64_t p = p0; p < p1; p++) {
                     uint8_t bq = g->b_layout == FP8MIX_B_KN ? g->b[p * g->ldb + j]
@@ -154,7 +155,9 @@ static double *oracle(const fp8mix_gemm_args *g)
                     s += (double)fp8mix_decode_ref(fp8mix_gemm_a_at(g, i, p), g->fmt_a) *
                          (double)fp8mix_decode_ref(bq, g->fmt_b);
                 }
-                if (g->scale_a_kind == FP8MIX_MM_SCALE_BLOCK) {
+                if (mx) {
+                    tot += s * (double)(g->scale_a[i * nkb + p0 / bk] * g->scale_b[j * nkb + p0 / bk]);
+                } else if (g->scale_a_kind == FP8MIX_MM_SCALE_BLOCK) {
                     tot += s * (double)(g->scale_a[i * nkb + p0 / 128] *
                                         g->scale_b[(p0 / 128) * nnb + j / 128]);
                 } else {
@@ -348,6 +351,39 @@ static void test_row_tensor_scales(void)
             check_problem(&p, 1, 1e-6);
             free_problem(&p);
         }
+}
+
+/* MX scales (32-deep K runs) through the blocked driver and every microkernel (the
+ * kernels' own MX mode and the driver's generic loop) against the plain-loop
+ * reference fp8mix_gemm_mx, bit for bit: K below, at and between 32-multiples,
+ * odd K, several K steps, ragged tiles, both layouts of each operand, every output
+ * dtype, bias, 1 to 4 threads on the larger shapes. */
+static void test_mx_shapes(void)
+{
+    static const int64_t shapes[][3] = {
+        {1, 1, 1},    {1, 1, 2},    {2, 3, 31},   {6, 16, 32},   {7, 17, 33},  {5, 15, 63},
+        {12, 32, 64}, {13, 33, 95}, {14, 31, 128}, {6, 16, 160}, {19, 45, 259}, {37, 50, 511},
+        {8, 40, 512}, {9, 23, 513}, {3, 100, 1100}, {30, 70, 2049},
+    };
+    int n = (int)(sizeof shapes / sizeof shapes[0]);
+    for (int s = 0; s < n; s++)
+        for (int c = 0; c < 4; c++) {
+            problem p;
+            fp8mix_dtype out_t = (fp8mix_dtype)((s + c) % 3);
+            make_problem(&p, shapes[s][0], shapes[s][1], shapes[s][2], (fp8mix_format)(c & 1),
+                         (fp8mix_format)((s + c) >> 1 & 1), (fp8mix_b_layout)((c >> 1) & 1), FP8MIX_MM_SCALE_MX,
+                         (s + c) & 1, out_t, FP8MIX_ACCUM_FP32, 0);
+            check_problem(&p, 0, 1e-6);
+            free_problem(&p);
+        }
+    static const int64_t big[][3] = {{150, 300, 400}, {40, 1030, 900}, {3, 100, 7001}};
+    for (int s = 0; s < (getenv("FP8MIX_QUICK") ? 1 : 3); s++) {
+        problem p;
+        make_problem(&p, big[s][0], big[s][1], big[s][2], FP8MIX_E4M3, FP8MIX_E4M3, (fp8mix_b_layout)(s & 1),
+                     FP8MIX_MM_SCALE_MX, 1, FP8MIX_F32, FP8MIX_ACCUM_FP32, 0);
+        check_problem(&p, 1, 1e-6);
+        free_problem(&p);
+    }
 }
 
 /* bf16 / f16 output with many rows: the float32 accumulator is capped, so the
@@ -626,6 +662,7 @@ int main(void)
     test_shapes();
     test_threads();
     test_row_tensor_scales();
+    test_mx_shapes();
     test_acc_chunks();
     test_k_zero();
     test_fp22();
