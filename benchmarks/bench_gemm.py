@@ -14,6 +14,9 @@ timed in alternation in the same run (so that other load hits them alike), and t
 ratios against torch with a PASS/FAIL verdict (issue #17), by fp8mix's ISA:
   * avx2 / avx512: fp8mix >= 0.95x torch float32 from 512^3 up;
   * avx512bf16:    fp8mix >= 1.5x torch float32 and >= 0.9x torch bfloat16 from 512^3 up.
+MX scales (1x32 blocks along K on both operands, `--scales ...,mx`) are judged against
+fp8mix's own per-tensor GEMM timed in the same rounds (issue #30 item 4): MX speed >=
+0.9x per-tensor speed (needs `tensor` in --scales).
 --layouts adds the operand layouts of a Linear's backward GEMMs (per-tensor scales):
   * dgrad: A (M, K) row-major, B (K, N) row-major (dx = dy W; torch.mm(a, b));
   * wgrad: A (M, K) column-major, a transposed view (dW = dy^T x; torch.mm(at.t(), b)),
@@ -42,6 +45,7 @@ import fp8mix  # noqa: E402
 
 SQUARE = [512, 1024, 2048, 4096]
 LLM = (2048, 4096, 11008)  # M, K, N: a Llama-7B MLP up-projection with 2048 tokens
+MX_TARGET = 0.9  # MX speed / per-tensor speed (issue #30 item 4)
 
 
 def parse_shape(s: str):
@@ -69,6 +73,7 @@ def operands(M: int, K: int, N: int, gen: torch.Generator):
     ops = {
         "tensor": (x8.data, w8.data.t(), x8.scale_inv.reshape(()), w8.scale_inv.reshape(())),
         "block": (xb.data, wb.data.t(), xb.scale_inv.contiguous(), wb.scale_inv.t().contiguous()),
+        "mx": (fp8mix.quantize(x, granularity="mx"), fp8mix.quantize(w, granularity="mx")),  # a @ w^T
     }
     return x, w, ops
 
@@ -127,7 +132,7 @@ def main(argv=None):
     p.add_argument("--avx2", action="store_true", help="cap fp8mix and torch (ATen, MKL, oneDNN) to AVX2")
     p.add_argument("--quick", action="store_true", help="512, 1024 and 2048 only")
     p.add_argument("--sizes", nargs="+", help="shapes: N (square) or MxKxN; replaces the default list")
-    p.add_argument("--scales", default="tensor,block", help="comma list of: tensor, block")
+    p.add_argument("--scales", default="tensor,block,mx", help="comma list of: tensor, block, mx")
     p.add_argument("--threads", default="1,2", help="comma list of thread counts (default 1,2)")
     p.add_argument("--budget", type=float, default=1.0, help="seconds of timed reps per shape and thread count")
     p.add_argument("--layouts", default="fwd", help="comma list of: fwd (the scales above), dgrad, wgrad "
@@ -138,7 +143,7 @@ def main(argv=None):
               [(n, n, n) for n in SQUARE if not (args.quick and n > 2048)] + ([] if args.quick else [LLM]))
     scales = [s.strip() for s in args.scales.split(",") if s.strip()]
     for s in scales:
-        if s not in ("tensor", "block"):
+        if s not in ("tensor", "block", "mx"):
             p.error(f"unknown scale layout {s!r}")
     layouts = [s.strip() for s in args.layouts.split(",") if s.strip()]
     for s in layouts:
@@ -171,10 +176,16 @@ def main(argv=None):
             rows += [run_layout(lay, M, K, N, args.budget, gen) for lay in layouts if lay != "fwd"]
             if note:
                 notes[(M, K, N)] = note
+            g_tensor = next((r[1] for r in rows if r[0] == "tensor"), None)
             for kind, gf, g32, g16, best in rows:
                 judged = min(M, K, N) >= 512
-                ok = gf / g32 >= t32_target and (t16_target is None or g16 is None or gf / g16 >= t16_target)
-                tgt = f">= {t32_target}x f32" + (f", >= {t16_target}x bf16" if t16_target and g16 else "")
+                if kind == "mx":  # against the per-tensor GEMM of the same rounds
+                    judged = judged and g_tensor is not None
+                    ok = g_tensor is not None and gf / g_tensor >= MX_TARGET
+                    tgt = f"mx/tensor {gf / g_tensor:.2f}x >= {MX_TARGET}x" if g_tensor else "(needs tensor)"
+                else:
+                    ok = gf / g32 >= t32_target and (t16_target is None or g16 is None or gf / g16 >= t16_target)
+                    tgt = f">= {t32_target}x f32" + (f", >= {t16_target}x bf16" if t16_target and g16 else "")
                 v = verdict(ok) if judged else "(not judged)"
                 if judged and not ok:
                     fails.append(f"{nt} thr {M}x{K}x{N} {kind}")

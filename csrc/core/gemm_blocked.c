@@ -73,6 +73,10 @@ typedef struct plan {
     size_t ablk_words;
     float *acc;                /* non-float32 output: M x ldacc accumulator      */
     int64_t ldacc;
+    int64_t mxq;               /* MX: 32-deep blocks per K step (at most)        */
+    float *mxsb;               /* MX: per sliver mxq x NR column scales           */
+    float *mxsa;               /* MX: per worker, per A panel mxq x MR row scales */
+    size_t mxsa_words;
 } plan;
 
 static inline int64_t slots(const plan *pl, int64_t k) { return pl->uk->bf16 ? k / 2 : k; }
@@ -140,6 +144,22 @@ static inline void prefetch_rows(const uint8_t *p, int64_t ld, int64_t rows, int
 }
 
 
+/* The MX scales of a K step beside the packed panels, 0 outside the nv valid rows or
+ * columns (those outputs are dropped): dst[q * w + r] = src[(r0 + r) * nkb + kb0 + q]
+ * (A's rows, or B's columns: both are indexed [row or column][k block]). */
+static void mx_scales(const plan *pl, const float *src, int64_t r0, int nv, int64_t w, float *dst)
+{
+    int64_t nq = ceil_div(pl->kc, FP8MIX_MX_BLOCK), kb0 = pl->pc / FP8MIX_MX_BLOCK;
+    for (int64_t r = 0; r < w; r++) {
+        if (r >= nv) {
+            for (int64_t q = 0; q < nq; q++) dst[q * w + r] = 0.0f;
+            continue;
+        }
+        const float *sr = src + (r0 + r) * pl->nkb + kb0;
+        for (int64_t q = 0; q < nq; q++) dst[q * w + r] = sr[q];
+    }
+}
+
 static void pack_b_task(void *ctx, int64_t s, int worker)
 {
     (void)worker;
@@ -148,6 +168,7 @@ static void pack_b_task(void *ctx, int64_t s, int worker)
     int64_t j = pl->jc + s * pl->nr;
     int nv = (int)min64(pl->nr, g->n - j);
     uint32_t *dst = pl->bpanel + s * pl->ksl * pl->nr;
+    if (pl->mx) mx_scales(pl, g->scale_b, j, nv, pl->nr, pl->mxsb + s * pl->mxq * pl->nr);
     if (g->b_layout == FP8MIX_B_NK && j + pl->nr < g->n) /* the next sliver's columns */
         prefetch_rows(g->b + (j + pl->nr) * g->ldb + pl->pc, g->ldb, min64(pl->nr, g->n - j - pl->nr), pl->kc);
     if (g->b_layout == FP8MIX_B_KN)
@@ -158,22 +179,15 @@ static void pack_b_task(void *ctx, int64_t s, int worker)
                            pl->uk->bf16, dst);
 }
 
-/* MX scales over the K step of one tile (C at c, stride ld): per 32-deep block q the
- * rows' and columns' scales (0 outside the valid mv x nv: those outputs are dropped),
- * then the kernel's MX mode, or fn once per block into a tile buffer and the rule
- * C = C + part * (sa * sb) here (gemm.c), each operation rounded, in the same order. */
-static void run_mx(const plan *pl, const uint32_t *as, const uint32_t *bs, int64_t i, int64_t j, int mv, int nv,
+/* MX scales over the K step of one tile (C at c, stride ld; sa, sb its rows' and
+ * columns' scales per 32-deep block): the kernel's MX mode, or fn once per block into
+ * a tile buffer and the rule C = C + part * (sa * sb) here (gemm.c), each operation
+ * rounded, in the same order. */
+static void run_mx(const plan *pl, const uint32_t *as, const uint32_t *bs, const float *sa, const float *sb,
                    float *c, int64_t ld, int load)
 {
-    const fp8mix_gemm_args *g = pl->g;
     const fp8mix_gemm_ukernel *uk = pl->uk;
-    int64_t mr = pl->mr, nr = pl->nr, nkb = pl->nkb, kb0 = pl->pc / FP8MIX_MX_BLOCK;
-    int64_t nq = ceil_div(pl->kc, FP8MIX_MX_BLOCK);
-    float sa[KC_MAX / FP8MIX_MX_BLOCK * 32], sb[KC_MAX / FP8MIX_MX_BLOCK * 32];
-    for (int64_t q = 0; q < nq; q++) {
-        for (int r = 0; r < mr; r++) sa[q * mr + r] = r < mv ? g->scale_a[(i + r) * nkb + kb0 + q] : 0.0f;
-        for (int x = 0; x < nr; x++) sb[q * nr + x] = x < nv ? g->scale_b[(j + x) * nkb + kb0 + q] : 0.0f;
-    }
+    int64_t mr = pl->mr, nr = pl->nr, nq = ceil_div(pl->kc, FP8MIX_MX_BLOCK);
     if (uk->fn_mx) {
         uk->fn_mx(pl->kce, as, bs, c, ld, load, sa, sb);
         return;
@@ -191,9 +205,10 @@ static void run_mx(const plan *pl, const uint32_t *as, const uint32_t *bs, int64
     }
 }
 
-/* One MR x NR tile at rows i.., columns j.. (mv x nv of them valid). */
-static void run_tile(const plan *pl, const uint32_t *as, const uint32_t *bs, int64_t i, int64_t j,
-                     int mv, int nv)
+/* One MR x NR tile at rows i.., columns j.. (mv x nv of them valid); msa, msb: its MX
+ * scales (NULL without MX). */
+static void run_tile(const plan *pl, const uint32_t *as, const uint32_t *bs, const float *msa, const float *msb,
+                     int64_t i, int64_t j, int mv, int nv)
 {
     const fp8mix_gemm_args *g = pl->g;
     const fp8mix_gemm_ukernel *uk = pl->uk;
@@ -215,7 +230,7 @@ static void run_tile(const plan *pl, const uint32_t *as, const uint32_t *bs, int
         return;
     }
     if (pl->mx) {
-        run_mx(pl, as, bs, i, j, mv, nv, c, ld, load);
+        run_mx(pl, as, bs, msa, msb, c, ld, load);
     } else if (!pl->block) {
         uk->fn(pl->kce, as, bs, c, ld, load, NULL);
     } else {
@@ -253,10 +268,12 @@ static void compute_task(void *ctx, int64_t t, int worker)
     int64_t s0 = (t % pl->n_jg) * pl->sl_per_jg, s1 = min64(pl->nsl, s0 + pl->sl_per_jg);
     int64_t npan = ceil_div(mcc, mr);
     uint32_t *ab = pl->ablk + (size_t)worker * pl->ablk_words;
+    float *msa = pl->mx ? pl->mxsa + (size_t)worker * pl->mxsa_words : NULL;
     for (int64_t p = 0; p < npan; p++) {
         int64_t i = i0 + p * mr;
         int nv = (int)min64(mr, mcc - p * mr);
         uint32_t *dst = ab + p * ksl * mr;
+        if (msa) mx_scales(pl, g->scale_a, i, nv, mr, msa + p * pl->mxq * mr);
         if (g->a_layout == FP8MIX_A_KM) {
             pl->uk->pack_kcols(g->a + pl->pc * g->lda + i, g->lda, nv, (int)mr, pl->kc, g->fmt_a, pl->uk->bf16, dst);
             continue;
@@ -269,8 +286,10 @@ static void compute_task(void *ctx, int64_t t, int worker)
         int64_t j = pl->jc + s * nr;
         int nv = (int)min64(nr, g->n - j);
         const uint32_t *bs = pl->bpanel + s * ksl * nr;
+        const float *msb = pl->mx ? pl->mxsb + s * pl->mxq * nr : NULL;
         for (int64_t p = 0; p < npan; p++)
-            run_tile(pl, ab + p * ksl * mr, bs, i0 + p * mr, j, (int)min64(mr, mcc - p * mr), nv);
+            run_tile(pl, ab + p * ksl * mr, bs, msa ? msa + p * pl->mxq * mr : NULL, msb, i0 + p * mr, j,
+                     (int)min64(mr, mcc - p * mr), nv);
     }
 }
 
@@ -367,6 +386,11 @@ static size_t plan_sizes(plan *pl, int workers)
         pl->ldacc = pl->nc + 16; /* rows 4 KiB apart would alias in L1 */
         words += (size_t)(M * pl->ldacc);
     }
+    if (pl->mx) { /* the MX scales beside the B panel and each worker's A block */
+        pl->mxq = pl->kcmax / FP8MIX_MX_BLOCK;
+        pl->mxsa_words = (size_t)(pl->mc * pl->mxq);
+        words += (size_t)(pl->nc * pl->mxq) + pl->mxsa_words * (size_t)workers;
+    }
     return words * 4;
 }
 
@@ -412,7 +436,15 @@ fp8mix_status fp8mix_gemm_blocked_with(const fp8mix_gemm_args *g, const fp8mix_g
     if (!ws) return FP8MIX_ERR_NO_MEMORY;
     pl.bpanel = ws;
     pl.ablk = ws + pl.nc * slots(&pl, pl.kcmax);
-    if (g->out_t != FP8MIX_F32) pl.acc = (float *)(pl.ablk + pl.ablk_words * (size_t)workers);
+    float *rest = (float *)(pl.ablk + pl.ablk_words * (size_t)workers);
+    if (g->out_t != FP8MIX_F32) {
+        pl.acc = rest;
+        rest += M * pl.ldacc;
+    }
+    if (pl.mx) {
+        pl.mxsb = rest;
+        pl.mxsa = rest + pl.nc * pl.mxq;
+    }
     int pack_workers = fp8mix_workers_for(N * min64(K, pl.kcmax), 1 << 16);
     for (pl.jc = 0; pl.jc < N; pl.jc += pl.nc) {
         pl.ncc = min64(pl.nc, N - pl.jc);

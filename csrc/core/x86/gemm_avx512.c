@@ -19,7 +19,7 @@ ukernel_f32_14x32(int64_t kc, const void *ap, const void *bp, float *c, int64_t 
     int init = load_c && !rs;
     /* The driver's next tile is usually the next 14 rows of C: start fetching
      * it into L2 now (C rows are often 4 KiB multiples apart and collide in L1). */
-    for (int r = 0; r < 14; r++) {
+    for (int r = 0; r < 14 && !cs; r++) { /* (MX: once per tile, by the caller) */
         _mm_prefetch((const char *)(c + (14 + r) * ldc), _MM_HINT_T1);
         _mm_prefetch((const char *)(c + (14 + r) * ldc + 31), _MM_HINT_T1);
     }
@@ -88,6 +88,10 @@ void fp8mix_gemm_ukernel_mx_f32_14x32__avx512(int64_t kc, const void *ap, const 
                                               int load_c, const float *sa, const float *sb)
 {
     const unsigned char *a = (const unsigned char *)ap, *b = (const unsigned char *)bp;
+    for (int r = 0; r < 14; r++) {
+        _mm_prefetch((const char *)(c + (14 + r) * ldc), _MM_HINT_T1);
+        _mm_prefetch((const char *)(c + (14 + r) * ldc + 31), _MM_HINT_T1);
+    }
     for (int64_t q = 0; q * 32 < kc; q++) { /* a block: 32 k-steps of 14 A and 32 B values, 4 bytes each */
         int64_t kk = kc - q * 32 < 32 ? kc - q * 32 : 32; /* even: kc is */
         ukernel_f32_14x32(kk, a + q * 32 * 14 * 4, b + q * 32 * 32 * 4, c, ldc, load_c || q > 0, sa + q * 14,

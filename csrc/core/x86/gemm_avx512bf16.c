@@ -27,7 +27,7 @@ ukernel_bf16_14x32(int64_t kc, const void *ap, const void *bp, float *c, int64_t
 {
     const unsigned char *a = (const unsigned char *)ap, *b = (const unsigned char *)bp;
     int init = load_c && !rs;
-    for (int r = 0; r < 14; r++) { /* the next tile's C, as in gemm_avx512.c */
+    for (int r = 0; r < 14 && !cs; r++) { /* the next tile's C, as in gemm_avx512.c (MX: once per tile) */
         _mm_prefetch((const char *)(c + (14 + r) * ldc), _MM_HINT_T1);
         _mm_prefetch((const char *)(c + (14 + r) * ldc + 31), _MM_HINT_T1);
     }
@@ -96,6 +96,10 @@ void fp8mix_gemm_ukernel_mx_bf16_14x32__avx512bf16(int64_t kc, const void *ap, c
                                                    int load_c, const float *sa, const float *sb)
 {
     const unsigned char *a = (const unsigned char *)ap, *b = (const unsigned char *)bp;
+    for (int r = 0; r < 14; r++) {
+        _mm_prefetch((const char *)(c + (14 + r) * ldc), _MM_HINT_T1);
+        _mm_prefetch((const char *)(c + (14 + r) * ldc + 31), _MM_HINT_T1);
+    }
     for (int64_t q = 0; q * 32 < kc; q++) { /* a block: 16 pairs of 14 A and 32 B words, 4 bytes each */
         int64_t kk = kc - q * 32 < 32 ? kc - q * 32 : 32; /* even: kc is */
         ukernel_bf16_14x32(kk, a + q * 16 * 14 * 4, b + q * 16 * 32 * 4, c, ldc, load_c || q > 0, sa + q * 14,
