@@ -51,5 +51,7 @@ fp8mix_status fp8mix_gemm(const fp8mix_gemm_args *g)
     if (st != FP8MIX_OK || g->m == 0 || g->n == 0) return st;
     fp8mix_prefault(g->out, (size_t)((g->m - 1) * g->ldo + g->n) * dtype_size(g->out_t),
                     fp8mix_workers_for(g->m * g->n, 1 << 18));
-    return g->accum == FP8MIX_ACCUM_FP22 ? fp8mix_gemm_fp22(g) : fp8mix_gemm_blocked(g);
+    if (g->accum == FP8MIX_ACCUM_FP22) return fp8mix_gemm_fp22(g);
+    if (g->order == FP8MIX_GEMM_NATIVE) return fp8mix_gemm_blocked_with(g, fp8mix_gemm_ukernel_native());
+    return fp8mix_gemm_blocked(g);
 }

@@ -81,6 +81,12 @@ typedef struct plan {
 
 static inline int64_t slots(const plan *pl, int64_t k) { return pl->uk->bf16 ? k / 2 : k; }
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+/* k rounded up to the kernel's packed depth (even, or the AMX kernel's 32). */
+static inline int64_t kpad(const plan *pl, int64_t k)
+{
+    int64_t a = pl->uk->kalign > 0 ? pl->uk->kalign : 2;
+    return (k + a - 1) / a * a;
+}
 
 /* The float32 C element (i, j): the output itself or the accumulator. */
 static inline float *c_at(const plan *pl, int64_t i, int64_t j)
@@ -195,7 +201,7 @@ static void run_mx(const plan *pl, const uint32_t *as, const uint32_t *bs, const
     float part[MAX_TILE];
     for (int64_t q = 0; q < nq; q++) {
         int64_t k0 = q * FP8MIX_MX_BLOCK, kk = min64(FP8MIX_MX_BLOCK, pl->kc - k0);
-        uk->fn(kk + (kk & 1), as + slots(pl, k0) * mr, bs + slots(pl, k0) * nr, part, nr, 0, NULL);
+        uk->fn(kpad(pl, kk), as + slots(pl, k0) * mr, bs + slots(pl, k0) * nr, part, nr, 0, NULL);
         const int add = load || q > 0;
         for (int64_t r = 0; r < mr; r++)
             for (int64_t x = 0; x < nr; x++) {
@@ -247,7 +253,7 @@ static void run_tile(const plan *pl, const uint32_t *as, const uint32_t *bs, con
         } else {
             for (int64_t sb = 0; sb < pl->kc; sb += FP8MIX_BLOCK) {
                 int64_t kk = min64(FP8MIX_BLOCK, pl->kc - sb);
-                uk->fn(kk + (kk & 1), as + slots(pl, sb) * mr, bs + slots(pl, sb) * nr, c, ld, pl->pc + sb > 0,
+                uk->fn(kpad(pl, kk), as + slots(pl, sb) * mr, bs + slots(pl, sb) * nr, c, ld, pl->pc + sb > 0,
                        rs + (sb / FP8MIX_BLOCK) * mr);
             }
         }
@@ -268,6 +274,8 @@ static void compute_task(void *ctx, int64_t t, int worker)
     int64_t s0 = (t % pl->n_jg) * pl->sl_per_jg, s1 = min64(pl->nsl, s0 + pl->sl_per_jg);
     int64_t npan = ceil_div(mcc, mr);
     uint32_t *ab = pl->ablk + (size_t)worker * pl->ablk_words;
+    const fp8mix_gemm_pack_fn pack_krows = pl->uk->pack_a_krows ? pl->uk->pack_a_krows : pl->uk->pack_krows;
+    const fp8mix_gemm_pack_fn pack_kcols = pl->uk->pack_a_kcols ? pl->uk->pack_a_kcols : pl->uk->pack_kcols;
     float *msa = pl->mx ? pl->mxsa + (size_t)worker * pl->mxsa_words : NULL;
     for (int64_t p = 0; p < npan; p++) {
         int64_t i = i0 + p * mr;
@@ -275,12 +283,12 @@ static void compute_task(void *ctx, int64_t t, int worker)
         uint32_t *dst = ab + p * ksl * mr;
         if (msa) mx_scales(pl, g->scale_a, i, nv, mr, msa + p * pl->mxq * mr);
         if (g->a_layout == FP8MIX_A_KM) {
-            pl->uk->pack_kcols(g->a + pl->pc * g->lda + i, g->lda, nv, (int)mr, pl->kc, g->fmt_a, pl->uk->bf16, dst);
+            pack_kcols(g->a + pl->pc * g->lda + i, g->lda, nv, (int)mr, pl->kc, g->fmt_a, pl->uk->bf16, dst);
             continue;
         }
         const uint8_t *a = g->a + i * g->lda + pl->pc;
         if (p + 1 < npan) prefetch_rows(a + mr * g->lda, g->lda, min64(mr, mcc - (p + 1) * mr), pl->kc);
-        pl->uk->pack_krows(a, g->lda, nv, (int)mr, pl->kc, g->fmt_a, pl->uk->bf16, dst);
+        pack_krows(a, g->lda, nv, (int)mr, pl->kc, g->fmt_a, pl->uk->bf16, dst);
     }
     for (int64_t s = s0; s < s1; s++) {
         int64_t j = pl->jc + s * nr;
@@ -452,7 +460,7 @@ fp8mix_status fp8mix_gemm_blocked_with(const fp8mix_gemm_args *g, const fp8mix_g
         plan_groups(&pl, workers);
         for (pl.pc = 0; pl.pc < K; pl.pc += pl.kcmax) {
             pl.kc = min64(pl.kcmax, K - pl.pc);
-            pl.kce = pl.kc + (pl.kc & 1);
+            pl.kce = kpad(&pl, pl.kc);
             pl.ksl = slots(&pl, pl.kce);
             pl.last = pl.pc + pl.kcmax >= K;
             fp8mix_parallel_for(pl.nsl, pack_workers, pack_b_task, &pl);

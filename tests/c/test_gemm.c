@@ -485,6 +485,165 @@ static void report_coverage(void)
     }
 }
 
+/* ---- the AMX kernel (emulated tiles) and the NATIVE order ---------------- */
+
+/* One output's K run [p0, p1) in tdpbf16ps's order (fp8mix.h, fp8mix_gemm_order),
+ * written from the definition: per 32-deep chunk (aligned to p0) the even and the odd
+ * k's products summed apart from +0, then acc = acc + (even + odd). */
+static float amx_run(const fp8mix_gemm_args *g, int64_t i, int64_t j, int64_t p0, int64_t p1)
+{
+    const float *ta = fp8mix_decode_table(g->fmt_a), *tb = fp8mix_decode_table(g->fmt_b);
+    float acc = 0.0f;
+    for (int64_t c = p0; c < p1; c += 32) {
+        float ev = 0.0f, od = 0.0f;
+        for (int64_t k = c; k < c + 32 && k < p1; k++) {
+            float prod = ta[fp8mix_gemm_a_at(g, i, k)] * tb[fp8mix_gemm_b_at(g, k, j)];
+            if ((k - c) % 2 == 0) ev = ev + prod;
+            else od = od + prod;
+        }
+        acc = acc + (ev + od);
+    }
+    return acc;
+}
+
+/* The whole GEMM in the AMX order: K runs as gemm.c's rules (all of K, 128-deep
+ * BLOCK runs, 32-deep MX runs), the same epilogue. */
+static void amx_reference(const fp8mix_gemm_args *g)
+{
+    int mx = g->scale_a_kind == FP8MIX_MM_SCALE_MX, block = g->scale_a_kind == FP8MIX_MM_SCALE_BLOCK;
+    int64_t bk = mx ? 32 : 128, nkb = (g->k + bk - 1) / bk;
+    for (int64_t i = 0; i < g->m; i++)
+        for (int64_t j = 0; j < g->n; j++) {
+            float v = 0.0f;
+            if (!mx && !block) {
+                v = amx_run(g, i, j, 0, g->k);
+            } else {
+                for (int64_t kb = 0; kb < nkb; kb++) {
+                    int64_t p1 = (kb + 1) * bk < g->k ? (kb + 1) * bk : g->k;
+                    float s = mx ? g->scale_a[i * nkb + kb] * g->scale_b[j * nkb + kb]
+                                 : fp8mix_gemm_block_scale(g, i, kb, j);
+                    v = v + amx_run(g, i, j, kb * bk, p1) * s;
+                }
+            }
+            fp8mix_gemm_epilogue(g, i, 1, j, 1, &v, 1);
+        }
+}
+
+/* The NATIVE bound (docs/gemm_order.md): with unit scales and no bias, every output
+ * s of a K-deep run whose products pass through at most D float32 additions obeys
+ * |s - sum a_k b_k| <= gamma_D * sum |a_k b_k|, gamma_D = D u / (1 - D u), u = 2^-24.
+ * Returns the outputs beyond it. */
+static long beyond_bound(const fp8mix_gemm_args *g, const float *out, double depth)
+{
+    double u = ldexp(1.0, -24), gam = depth * u / (1.0 - depth * u);
+    long bad = 0;
+    for (int64_t i = 0; i < g->m; i++)
+        for (int64_t j = 0; j < g->n; j++) {
+            double s = 0.0, mag = 0.0;
+            for (int64_t p = 0; p < g->k; p++) {
+                double t = (double)fp8mix_decode_ref(fp8mix_gemm_a_at(g, i, p), g->fmt_a) *
+                           (double)fp8mix_decode_ref(fp8mix_gemm_b_at(g, p, j), g->fmt_b);
+                s += t; /* exact: float64 holds every partial of these FP8 products */
+                mag += fabs(t);
+            }
+            bad += fabs((double)out[i * g->ldo + j] - s) > gam * mag;
+        }
+    return bad;
+}
+
+/* The emulated AMX kernel through the blocked driver against amx_reference, bit for
+ * bit, over every scale kind, both layouts of each operand, every output dtype, bias,
+ * ragged tiles, K around the 32-deep chunks and several K steps, 1 to 4 threads; and,
+ * where this CPU has AMX, the hardware kernel against the emulated one. */
+static void test_amx_kernel(void)
+{
+    static const int64_t shapes[][3] = {{1, 1, 1},    {3, 5, 31},    {32, 32, 32},  {33, 31, 33}, {17, 40, 64},
+                                        {40, 70, 130}, {31, 33, 257}, {64, 64, 512}, {5, 100, 700}};
+    const fp8mix_gemm_ukernel *emu = fp8mix_gemm_ukernel_amx_emulated(), *hw = fp8mix_gemm_ukernel_amx_hardware();
+    long runs = 0, hw_runs = 0;
+    for (int s = 0; s < (int)(sizeof shapes / sizeof shapes[0]); s++)
+        for (int kind = 0; kind < 4; kind++) {
+            problem p;
+            fp8mix_dtype out_t = (fp8mix_dtype)((s + kind) % 3);
+            make_problem(&p, shapes[s][0], shapes[s][1], shapes[s][2], (fp8mix_format)(kind & 1),
+                         (fp8mix_format)(s & 1), (fp8mix_b_layout)((s + kind) & 1), (fp8mix_mm_scale)kind,
+                         (s + kind) & 1, out_t, FP8MIX_ACCUM_FP32, 0);
+            fp8mix_gemm_args g = p.g;
+            size_t nb = out_bytes(&g);
+            void *want = calloc(1, nb), *got = calloc(1, nb), *got_hw = calloc(1, nb);
+            g.out = want;
+            amx_reference(&g);
+            for (int t = 1; t <= (shapes[s][0] * shapes[s][1] * shapes[s][2] > 100000 ? 4 : 1); t++) {
+                fp8mix_set_num_threads(t);
+                memset(got, 0, nb);
+                g.out = got;
+                fp8mix_status st = fp8mix_gemm_blocked_with(&g, emu);
+                runs++;
+                CHECK(st == FP8MIX_OK && same_out(&g, want, got), "amx emu threads=%d m=%lld n=%lld k=%lld kind=%d out=%d",
+                      t, (long long)g.m, (long long)g.n, (long long)g.k, kind, out_t);
+                if (hw) {
+                    memset(got_hw, 0, nb);
+                    g.out = got_hw;
+                    st = fp8mix_gemm_blocked_with(&g, hw);
+                    hw_runs++;
+                    CHECK(st == FP8MIX_OK && same_out(&g, got, got_hw),
+                          "AMX hardware vs emulation: m=%lld n=%lld k=%lld kind=%d", (long long)g.m, (long long)g.n,
+                          (long long)g.k, kind);
+                }
+            }
+            fp8mix_set_num_threads(0);
+            free(want);
+            free(got);
+            free(got_hw);
+            free_problem(&p);
+        }
+    printf("AMX kernel: emulation vs the tdpbf16ps order %ld runs; hardware vs emulation: %s (%ld runs)\n", runs,
+           hw ? "compared" : "no AMX on this CPU / OS / build", hw_runs);
+}
+
+/* The error bound of docs/gemm_order.md on hard data (E5M2's wide range, both signs):
+ * the emulated AMX kernel with D = 16 + ceil(K/32), every kernel and order this CPU
+ * runs with D = K (the canonical order's depth, which bounds every native kernel's);
+ * and the NATIVE order: the same bits run to run and for 1 to 4 threads. */
+static void test_native_order(void)
+{
+    static const int64_t shapes[][3] = {{7, 9, 5000}, {40, 33, 1024}, {64, 64, 300}};
+    for (int s = 0; s < 3; s++) {
+        problem p;
+        make_problem(&p, shapes[s][0], shapes[s][1], shapes[s][2], FP8MIX_E5M2, FP8MIX_E5M2, (fp8mix_b_layout)(s & 1),
+                     FP8MIX_MM_SCALE_TENSOR, 0, FP8MIX_F32, FP8MIX_ACCUM_FP32, 0);
+        p.sa[0] = p.sb[0] = 1.0f;
+        fp8mix_gemm_args g = p.g;
+        size_t nb = out_bytes(&g);
+        float *a = calloc(1, nb), *b = calloc(1, nb);
+        int64_t K = g.k;
+        g.out = a;
+        CHECK(fp8mix_gemm_blocked_with(&g, fp8mix_gemm_ukernel_amx_emulated()) == FP8MIX_OK, "amx emu");
+        long bad = beyond_bound(&g, a, 16.0 + (double)((K + 31) / 32));
+        CHECK(bad == 0, "AMX order: %ld outputs beyond gamma_(16 + K/32) at k=%lld", bad, (long long)K);
+        g.order = FP8MIX_GEMM_NATIVE;
+        CHECK(fp8mix_gemm(&g) == FP8MIX_OK, "native");
+        bad = beyond_bound(&g, a, (double)K);
+        CHECK(bad == 0, "NATIVE order: %ld outputs beyond gamma_K at k=%lld", bad, (long long)K);
+        for (int t = 1; t <= 4; t++) {
+            fp8mix_set_num_threads(t);
+            for (int rep = 0; rep < 2; rep++) {
+                memset(b, 0, nb);
+                g.out = b;
+                CHECK(fp8mix_gemm(&g) == FP8MIX_OK && same_out(&g, a, b), "NATIVE not deterministic: threads=%d rep=%d",
+                      t, rep);
+            }
+        }
+        fp8mix_set_num_threads(0);
+        g.order = (fp8mix_gemm_order)2;
+        CHECK(fp8mix_gemm(&g) == FP8MIX_ERR_BAD_ENUM, "an unknown order is refused");
+        free(a);
+        free(b);
+        free_problem(&p);
+    }
+    printf("NATIVE order kernel here: %s\n", fp8mix_gemm_ukernel_native()->name);
+}
+
 static void test_k_zero(void)
 {
     for (int kind = 0; kind < 3; kind++)
@@ -663,6 +822,8 @@ int main(void)
     test_threads();
     test_row_tensor_scales();
     test_mx_shapes();
+    test_amx_kernel();
+    test_native_order();
     test_acc_chunks();
     test_k_zero();
     test_fp22();
