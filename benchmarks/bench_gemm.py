@@ -24,7 +24,9 @@ fp8mix's own per-tensor GEMM timed in the same rounds (issue #30 item 4): MX spe
 each fp8mix call against torch.mm on float32 tensors of the same layout.
 torch bfloat16 is timed only where torch has native bf16 (not under --avx2, where it is
 30-160x slower than float32).  torch._scaled_mm (CPU) is reported once at 512^3, being far
-slower.  Operands, scales and transposes are prepared before timing.
+slower, from one call in a child process under --variant-limit seconds ("not run: > N s" past
+it: on some CPU builds it takes minutes).  Operands, scales and transposes are prepared before
+timing.
 """
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ import argparse  # noqa: E402
 import time  # noqa: E402
 
 import torch  # noqa: E402
-from _machine import bench_interleaved, header_lines, verdict  # noqa: E402
+from _machine import bench_interleaved, header_lines, seconds_in_child, verdict  # noqa: E402
 
 import fp8mix  # noqa: E402
 
@@ -78,15 +80,22 @@ def operands(M: int, K: int, N: int, gen: torch.Generator):
     return x, w, ops
 
 
-def scaled_mm_note(a8, b8, sa, sb) -> str:
-    """torch._scaled_mm on CPU at this shape: GFLOP/s of one call, or why it does not run."""
-    try:
-        t0 = time.perf_counter()
-        torch._scaled_mm(a8, b8, sa, sb, out_dtype=torch.float32)
-        t = time.perf_counter() - t0
-    except Exception as e:  # noqa: BLE001 — torch's CPU coverage of _scaled_mm varies
-        return f"n/a ({type(e).__name__}: {str(e).splitlines()[0][:80]})"
-    return f"{2.0 * a8.shape[0] * a8.shape[1] * b8.shape[1] / t / 1e9:.2f} GFLOP/s (one call)"
+def torch_scaled_mm_once(M: int, K: int, N: int, threads: int) -> None:
+    """One torch._scaled_mm (CPU, E4M3, per-tensor scales) of M x K x N (seconds_in_child's target)."""
+    torch.set_num_threads(threads)
+    a8 = torch.randn(M, K).to(torch.float8_e4m3fn)
+    b8 = torch.randn(N, K).to(torch.float8_e4m3fn).t()
+    one = torch.tensor(1.0)
+    torch._scaled_mm(a8, b8, one, one, out_dtype=torch.float32)
+
+
+def scaled_mm_note(M: int, K: int, N: int, limit_s: float) -> str:
+    """torch._scaled_mm on CPU at this shape: GFLOP/s of one call (in a child process, under
+    limit_s seconds), or why it did not run."""
+    t, why = seconds_in_child("bench_gemm", "torch_scaled_mm_once", (M, K, N, torch.get_num_threads()), limit_s)
+    if t is None:
+        return f"not run: {why}"
+    return f"{2.0 * M * K * N / t / 1e9:.2f} GFLOP/s (one call)"
 
 
 def layout_operands(layout: str, M: int, K: int, N: int, gen: torch.Generator):
@@ -108,7 +117,7 @@ def run_layout(layout, M, K, N, budget, gen):
     return layout, flop / res[0][0] / 1e9, flop / res[1][0] / 1e9, None, res[1][1] / res[0][1]
 
 
-def run_shape(M, K, N, scales, native_bf16, budget, gen):
+def run_shape(M, K, N, scales, native_bf16, budget, gen, limit_s):
     """Rows of (scale kind, fp8mix, f32, bf16 or None GFLOP/s, best-of ratio vs f32)."""
     flop = 2.0 * M * N * K
     x, w, ops = operands(M, K, N, gen)
@@ -123,7 +132,7 @@ def run_shape(M, K, N, scales, native_bf16, budget, gen):
     rows = []
     for i, k in enumerate(scales):
         rows.append((k, flop / res[i][0] / 1e9, flop / t32 / 1e9, g16, t32_min / res[i][1]))
-    note = scaled_mm_note(*ops["tensor"]) if max(M, K, N) <= 512 else None
+    note = scaled_mm_note(M, K, N, limit_s) if max(M, K, N) <= 512 else None
     return rows, note
 
 
@@ -135,6 +144,8 @@ def main(argv=None):
     p.add_argument("--scales", default="tensor,block,mx", help="comma list of: tensor, block, mx")
     p.add_argument("--threads", default="1,2", help="comma list of thread counts (default 1,2)")
     p.add_argument("--budget", type=float, default=1.0, help="seconds of timed reps per shape and thread count")
+    p.add_argument("--variant-limit", type=float, default=30.0,
+                   help="seconds one torch._scaled_mm call may take (in a child process) before it is 'not run'")
     p.add_argument("--layouts", default="fwd", help="comma list of: fwd (the scales above), dgrad, wgrad "
                    "(a Linear backward's operand layouts, per-tensor scales)")
     args = p.parse_args(argv)
@@ -172,7 +183,8 @@ def main(argv=None):
     for nt in threads:
         torch.set_num_threads(nt)
         for M, K, N in shapes:
-            rows, note = run_shape(M, K, N, scales, native_bf16, args.budget, gen) if "fwd" in layouts else ([], None)
+            rows, note = (run_shape(M, K, N, scales, native_bf16, args.budget, gen, args.variant_limit)
+                          if "fwd" in layouts else ([], None))
             rows += [run_layout(lay, M, K, N, args.budget, gen) for lay in layouts if lay != "fwd"]
             if note:
                 notes[(M, K, N)] = note
