@@ -60,7 +60,7 @@ def parse_shape(s: str):
 
 def targets(isa: str):
     """(min ratio vs float32, min ratio vs bfloat16 or None) for fp8mix's ISA."""
-    if isa == "avx512bf16":
+    if isa in ("avx512bf16", "amx"):  # (amx: the AVX512-BF16 CPUs that also have AMX)
         return 1.5, 0.9
     return 0.95, None
 
@@ -162,7 +162,7 @@ def main(argv=None):
             p.error(f"unknown layout {s!r}")
     threads = [int(t) for t in args.threads.split(",")]
     isa = str(fp8mix.cpu_isa())
-    native_bf16 = isa == "avx512bf16" and not args.avx2
+    native_bf16 = isa in ("avx512bf16", "amx") and not args.avx2
     t32_target, t16_target = targets(isa)
 
     t_run = time.time()

@@ -255,7 +255,7 @@ def interleaved(cases: dict, warmup: int, iters: int, refused: Optional[dict] = 
 
 def step_targets(isa: str, S: int) -> float:
     """The FP8 step-time target (x float32) for this ISA and size."""
-    if isa == "avx512bf16":
+    if isa in ("avx512bf16", "amx"):  # (amx: the AVX512-BF16 CPUs that also have AMX)
         return 0.6
     return 1.0 if S >= 1024 else 1.2
 
