@@ -37,7 +37,8 @@ CORE_LIB := $(BUILD)/libfp8mix_core.a
 ISA_avx2       = -mavx2 -mfma -mf16c
 ISA_avx512     = -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq
 ISA_avx512bf16 = $(ISA_avx512) -mavx512bf16
-isa_flags = $(if $(findstring _avx512bf16,$1),$(ISA_avx512bf16),$(if $(findstring _avx512,$1),$(ISA_avx512),$(if $(findstring _avx2,$1),$(ISA_avx2))))
+ISA_amx        = $(ISA_avx512bf16) -mamx-tile -mamx-bf16
+isa_flags = $(if $(findstring x86/gemm_amx,$1),$(ISA_amx),$(if $(findstring _avx512bf16,$1),$(ISA_avx512bf16),$(if $(findstring _avx512,$1),$(ISA_avx512),$(if $(findstring _avx2,$1),$(ISA_avx2)))))
 
 # Every object depends on every internal header (internal.h, fp8_rules.h, gemm_internal.h,
 # fused.h, stats_kernels.h, x86/*.h ...): a new header is picked up without an edit here.

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import os
 import platform
+import select
 import statistics
 import subprocess
 import sys
 import time
-from typing import Callable, List, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 # Environment that caps fp8mix and torch's kernels (ATen, MKL, oneDNN) to AVX2.
 AVX2_ENV = {
@@ -18,6 +19,36 @@ AVX2_ENV = {
     "ONEDNN_MAX_CPU_ISA": "AVX2",
     "MKL_ENABLE_INSTRUCTIONS": "AVX2",
 }
+
+
+CHILD_STARTUP_S = 120.0  # a child's imports (torch, fp8mix, torchao) on a loaded machine, not counted
+
+
+def seconds_in_child(module: str, func: str, args: Sequence, limit_s: float) -> Tuple[Optional[float], str]:
+    """Run module.func(*args) (a module-level function of a script in benchmarks/, plain
+    arguments) once in a fresh Python process: (its wall seconds, "") when it finished within
+    limit_s, (None, "> N s") when it did not (the process is killed), (None, the error's last
+    line) when it raised.  A variant that takes minutes per call (torchao's CPU _scaled_mm on
+    some builds: issue #30) cannot hang a benchmark: a C call cannot be interrupted in-process.
+    The child's imports get CHILD_STARTUP_S of their own, timed apart."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = (f"import sys, time; sys.path.insert(0, {here!r}); import {module} as m; print('READY', flush=True); "
+            f"t0 = time.perf_counter(); m.{func}(*{tuple(args)!r}); print('SECONDS', time.perf_counter() - t0)")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ready, _, _ = select.select([p.stdout], [], [], CHILD_STARTUP_S)  # the imports, then the clock starts
+    first = p.stdout.readline() if ready and p.stdout else ""
+    try:
+        out, err = p.communicate(timeout=limit_s + 5.0 if first.startswith("READY") else 1.0)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.communicate()
+        return None, f"> {limit_s:g} s" if first.startswith("READY") else "the child did not start"
+    for line in out.splitlines():
+        if line.startswith("SECONDS"):
+            t = float(line.split()[1])
+            return (t, "") if t <= limit_s else (None, f"> {limit_s:g} s")
+    last = (err.strip().splitlines() or ["no output"])[-1]
+    return None, last[:100]
 
 
 def cpu_model() -> str:

@@ -14,6 +14,9 @@ timed in alternation in the same run (so that other load hits them alike), and t
 ratios against torch with a PASS/FAIL verdict (issue #17), by fp8mix's ISA:
   * avx2 / avx512: fp8mix >= 0.95x torch float32 from 512^3 up;
   * avx512bf16:    fp8mix >= 1.5x torch float32 and >= 0.9x torch bfloat16 from 512^3 up.
+MX scales (1x32 blocks along K on both operands, `--scales ...,mx`) are judged against
+fp8mix's own per-tensor GEMM timed in the same rounds (issue #30 item 4): MX speed >=
+0.9x per-tensor speed (needs `tensor` in --scales).
 --layouts adds the operand layouts of a Linear's backward GEMMs (per-tensor scales):
   * dgrad: A (M, K) row-major, B (K, N) row-major (dx = dy W; torch.mm(a, b));
   * wgrad: A (M, K) column-major, a transposed view (dW = dy^T x; torch.mm(at.t(), b)),
@@ -21,7 +24,9 @@ ratios against torch with a PASS/FAIL verdict (issue #17), by fp8mix's ISA:
 each fp8mix call against torch.mm on float32 tensors of the same layout.
 torch bfloat16 is timed only where torch has native bf16 (not under --avx2, where it is
 30-160x slower than float32).  torch._scaled_mm (CPU) is reported once at 512^3, being far
-slower.  Operands, scales and transposes are prepared before timing.
+slower, from one call in a child process under --variant-limit seconds ("not run: > N s" past
+it: on some CPU builds it takes minutes).  Operands, scales and transposes are prepared before
+timing.
 """
 from __future__ import annotations
 
@@ -36,12 +41,13 @@ import argparse  # noqa: E402
 import time  # noqa: E402
 
 import torch  # noqa: E402
-from _machine import bench_interleaved, header_lines, verdict  # noqa: E402
+from _machine import bench_interleaved, header_lines, seconds_in_child, verdict  # noqa: E402
 
 import fp8mix  # noqa: E402
 
 SQUARE = [512, 1024, 2048, 4096]
 LLM = (2048, 4096, 11008)  # M, K, N: a Llama-7B MLP up-projection with 2048 tokens
+MX_TARGET = 0.9  # MX speed / per-tensor speed (issue #30 item 4)
 
 
 def parse_shape(s: str):
@@ -54,7 +60,7 @@ def parse_shape(s: str):
 
 def targets(isa: str):
     """(min ratio vs float32, min ratio vs bfloat16 or None) for fp8mix's ISA."""
-    if isa == "avx512bf16":
+    if isa in ("avx512bf16", "amx"):  # (amx: the AVX512-BF16 CPUs that also have AMX)
         return 1.5, 0.9
     return 0.95, None
 
@@ -69,19 +75,27 @@ def operands(M: int, K: int, N: int, gen: torch.Generator):
     ops = {
         "tensor": (x8.data, w8.data.t(), x8.scale_inv.reshape(()), w8.scale_inv.reshape(())),
         "block": (xb.data, wb.data.t(), xb.scale_inv.contiguous(), wb.scale_inv.t().contiguous()),
+        "mx": (fp8mix.quantize(x, granularity="mx"), fp8mix.quantize(w, granularity="mx")),  # a @ w^T
     }
     return x, w, ops
 
 
-def scaled_mm_note(a8, b8, sa, sb) -> str:
-    """torch._scaled_mm on CPU at this shape: GFLOP/s of one call, or why it does not run."""
-    try:
-        t0 = time.perf_counter()
-        torch._scaled_mm(a8, b8, sa, sb, out_dtype=torch.float32)
-        t = time.perf_counter() - t0
-    except Exception as e:  # noqa: BLE001 — torch's CPU coverage of _scaled_mm varies
-        return f"n/a ({type(e).__name__}: {str(e).splitlines()[0][:80]})"
-    return f"{2.0 * a8.shape[0] * a8.shape[1] * b8.shape[1] / t / 1e9:.2f} GFLOP/s (one call)"
+def torch_scaled_mm_once(M: int, K: int, N: int, threads: int) -> None:
+    """One torch._scaled_mm (CPU, E4M3, per-tensor scales) of M x K x N (seconds_in_child's target)."""
+    torch.set_num_threads(threads)
+    a8 = torch.randn(M, K).to(torch.float8_e4m3fn)
+    b8 = torch.randn(N, K).to(torch.float8_e4m3fn).t()
+    one = torch.tensor(1.0)
+    torch._scaled_mm(a8, b8, one, one, out_dtype=torch.float32)
+
+
+def scaled_mm_note(M: int, K: int, N: int, limit_s: float) -> str:
+    """torch._scaled_mm on CPU at this shape: GFLOP/s of one call (in a child process, under
+    limit_s seconds), or why it did not run."""
+    t, why = seconds_in_child("bench_gemm", "torch_scaled_mm_once", (M, K, N, torch.get_num_threads()), limit_s)
+    if t is None:
+        return f"not run: {why}"
+    return f"{2.0 * M * K * N / t / 1e9:.2f} GFLOP/s (one call)"
 
 
 def layout_operands(layout: str, M: int, K: int, N: int, gen: torch.Generator):
@@ -103,7 +117,7 @@ def run_layout(layout, M, K, N, budget, gen):
     return layout, flop / res[0][0] / 1e9, flop / res[1][0] / 1e9, None, res[1][1] / res[0][1]
 
 
-def run_shape(M, K, N, scales, native_bf16, budget, gen):
+def run_shape(M, K, N, scales, native_bf16, budget, gen, limit_s):
     """Rows of (scale kind, fp8mix, f32, bf16 or None GFLOP/s, best-of ratio vs f32)."""
     flop = 2.0 * M * N * K
     x, w, ops = operands(M, K, N, gen)
@@ -118,7 +132,7 @@ def run_shape(M, K, N, scales, native_bf16, budget, gen):
     rows = []
     for i, k in enumerate(scales):
         rows.append((k, flop / res[i][0] / 1e9, flop / t32 / 1e9, g16, t32_min / res[i][1]))
-    note = scaled_mm_note(*ops["tensor"]) if max(M, K, N) <= 512 else None
+    note = scaled_mm_note(M, K, N, limit_s) if max(M, K, N) <= 512 else None
     return rows, note
 
 
@@ -127,9 +141,11 @@ def main(argv=None):
     p.add_argument("--avx2", action="store_true", help="cap fp8mix and torch (ATen, MKL, oneDNN) to AVX2")
     p.add_argument("--quick", action="store_true", help="512, 1024 and 2048 only")
     p.add_argument("--sizes", nargs="+", help="shapes: N (square) or MxKxN; replaces the default list")
-    p.add_argument("--scales", default="tensor,block", help="comma list of: tensor, block")
+    p.add_argument("--scales", default="tensor,block,mx", help="comma list of: tensor, block, mx")
     p.add_argument("--threads", default="1,2", help="comma list of thread counts (default 1,2)")
     p.add_argument("--budget", type=float, default=1.0, help="seconds of timed reps per shape and thread count")
+    p.add_argument("--variant-limit", type=float, default=30.0,
+                   help="seconds one torch._scaled_mm call may take (in a child process) before it is 'not run'")
     p.add_argument("--layouts", default="fwd", help="comma list of: fwd (the scales above), dgrad, wgrad "
                    "(a Linear backward's operand layouts, per-tensor scales)")
     args = p.parse_args(argv)
@@ -138,7 +154,7 @@ def main(argv=None):
               [(n, n, n) for n in SQUARE if not (args.quick and n > 2048)] + ([] if args.quick else [LLM]))
     scales = [s.strip() for s in args.scales.split(",") if s.strip()]
     for s in scales:
-        if s not in ("tensor", "block"):
+        if s not in ("tensor", "block", "mx"):
             p.error(f"unknown scale layout {s!r}")
     layouts = [s.strip() for s in args.layouts.split(",") if s.strip()]
     for s in layouts:
@@ -146,7 +162,7 @@ def main(argv=None):
             p.error(f"unknown layout {s!r}")
     threads = [int(t) for t in args.threads.split(",")]
     isa = str(fp8mix.cpu_isa())
-    native_bf16 = isa == "avx512bf16" and not args.avx2
+    native_bf16 = isa in ("avx512bf16", "amx") and not args.avx2
     t32_target, t16_target = targets(isa)
 
     t_run = time.time()
@@ -167,14 +183,21 @@ def main(argv=None):
     for nt in threads:
         torch.set_num_threads(nt)
         for M, K, N in shapes:
-            rows, note = run_shape(M, K, N, scales, native_bf16, args.budget, gen) if "fwd" in layouts else ([], None)
+            rows, note = (run_shape(M, K, N, scales, native_bf16, args.budget, gen, args.variant_limit)
+                          if "fwd" in layouts else ([], None))
             rows += [run_layout(lay, M, K, N, args.budget, gen) for lay in layouts if lay != "fwd"]
             if note:
                 notes[(M, K, N)] = note
+            g_tensor = next((r[1] for r in rows if r[0] == "tensor"), None)
             for kind, gf, g32, g16, best in rows:
                 judged = min(M, K, N) >= 512
-                ok = gf / g32 >= t32_target and (t16_target is None or g16 is None or gf / g16 >= t16_target)
-                tgt = f">= {t32_target}x f32" + (f", >= {t16_target}x bf16" if t16_target and g16 else "")
+                if kind == "mx":  # against the per-tensor GEMM of the same rounds
+                    judged = judged and g_tensor is not None
+                    ok = g_tensor is not None and gf / g_tensor >= MX_TARGET
+                    tgt = f"mx/tensor {gf / g_tensor:.2f}x >= {MX_TARGET}x" if g_tensor else "(needs tensor)"
+                else:
+                    ok = gf / g32 >= t32_target and (t16_target is None or g16 is None or gf / g16 >= t16_target)
+                    tgt = f">= {t32_target}x f32" + (f", >= {t16_target}x bf16" if t16_target and g16 else "")
                 v = verdict(ok) if judged else "(not judged)"
                 if judged and not ok:
                     fails.append(f"{nt} thr {M}x{K}x{N} {kind}")

@@ -16,7 +16,10 @@ convert_to_float8_training (tensorwise: the default config; rowwise: the "rowwis
 recipe); on CPU it runs through aten._scaled_mm, which some CPU builds of torch run orders
 of magnitude slower than torch.mm: where a torchao step would take longer than
 --torchao-budget seconds (estimated from _scaled_mm's rate at 256^3 and the GEMM flop), it is
-not run and the estimate, a lower bound, stands in for it.
+not run and the estimate, a lower bound, stands in for it.  Where the estimate fits, one step
+of each torchao variant first runs in a child process under the same limit (a C call cannot
+be interrupted in-process, and the estimate can be far off: on some Xeons a 2048 step takes
+minutes); past it the row reads "not run: > N s" and N stands in as the lower bound.
 
 Memory columns:
   peak MB     resident-set high-water mark of one step above the resident set before it
@@ -82,7 +85,7 @@ from typing import Optional  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
-from _machine import header_lines, load_average, verdict  # noqa: E402
+from _machine import header_lines, load_average, seconds_in_child, verdict  # noqa: E402
 
 import fp8mix  # noqa: E402
 from fp8mix.recipe import BlockScaling, CurrentScaling, DelayedScaling  # noqa: E402
@@ -252,7 +255,7 @@ def interleaved(cases: dict, warmup: int, iters: int, refused: Optional[dict] = 
 
 def step_targets(isa: str, S: int) -> float:
     """The FP8 step-time target (x float32) for this ISA and size."""
-    if isa == "avx512bf16":
+    if isa in ("avx512bf16", "amx"):  # (amx: the AVX512-BF16 CPUs that also have AMX)
         return 0.6
     return 1.0 if S >= 1024 else 1.2
 
@@ -266,7 +269,7 @@ def layer_peaks(sizes, variants, warmup, tao_budget) -> dict:
         est = torchao_estimate(3 * 2.0 * S**3) if any(v.startswith("torchao") for v in variants) else 0.0
         out[S] = {}
         for v in variants:
-            if v.startswith("torchao") and est > tao_budget:
+            if v.startswith("torchao") and (est > tao_budget or f"{S} {v}" in not_run()):
                 continue
             try:
                 c = Case(v, S)
@@ -293,7 +296,8 @@ def layer_table(sizes, variants, warmup, iters, isa, fails, tao_budget, peaks):
     print("|---:|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for S in sizes:
         est = torchao_estimate(3 * 2.0 * S**3) if any(v.startswith("torchao") for v in variants) else 0.0
-        run = [v for v in variants if not (v.startswith("torchao") and est > tao_budget)]
+        limited = {v: why for v in variants if (why := not_run().get(f"{S} {v}"))}
+        run = [v for v in variants if not (v.startswith("torchao") and est > tao_budget) and v not in limited]
         cases = {v: Case(v, S) for v in run}
         refused: dict = {}
         med = interleaved(cases, warmup, iters, refused)
@@ -303,7 +307,13 @@ def layer_table(sizes, variants, warmup, iters, isa, fails, tao_budget, peaks):
             rows[v] = (med[v], peak, qpeak, (c.saved_bytes(256) - c.saved_bytes(128)) / 128 * S)
         t32, p32, q32, a32 = rows["nn f32"]
         tao = rows["torchao tensorwise"][0] if "torchao tensorwise" in rows else (est if est > tao_budget else None)
+        if "torchao tensorwise" in limited:  # its step took longer than the limit: a lower bound
+            tao = tao_budget
         for v in variants:
+            if v in limited:
+                print(f"| {S} | {v} | > {tao_budget * 1e3:.0f} | | | | | | | | | not run: {limited[v]} "
+                      "(one step, timed in a child process) |")
+                continue
             if v in refused:
                 print(f"| {S} | {v} | | | | | | | | | | not run: torch refused it ({refused[v]}) |")
                 continue
@@ -377,6 +387,8 @@ def llama_table(warmup, iters, batch, seq, fails, tao_budget, peaks=None, peaks_
     est = torchao_estimate(flop)
     if est > tao_budget:
         variants = variants[:2]
+    limited = {v: why for v in variants if (why := not_run().get(f"llama {v}"))}
+    variants = [v for v in variants if v not in limited]
     models = {v: llama_model(v) for v in variants}
     ids = torch.randint(0, 4096, (batch, seq), generator=torch.Generator().manual_seed(1))
 
@@ -408,8 +420,10 @@ def llama_table(warmup, iters, batch, seq, fails, tao_budget, peaks=None, peaks_
     print(f"\n## tiny HF Llama step ({batch}x{seq} tokens, hidden 512, 4 layers, 29 Linear layers)\n")
     print("| variant | step ms | x f32 | x torchao tensorwise | peak MB | x f32 peak | verdict |")
     print("|:---|---:|---:|---:|---:|---:|---|")
-    tao = med.get("torchao tensorwise", est)
-    if "torchao tensorwise" not in med:
+    tao = med.get("torchao tensorwise", tao_budget if "torchao tensorwise" in limited else est)
+    for v, why in limited.items():
+        print(f"| {v} | > {tao_budget * 1e3:.0f} | | | | | not run: {why} (one step, timed in a child process) |")
+    if "torchao tensorwise" not in med and not limited:
         print(f"| torchao (both) | >= {est * 1e3:.0f} (est.) | >= {est / med['f32']:.0f} | | | | "
               f"not run: aten._scaled_mm runs at {scaled_mm_rate() / 1e9:.3f} GFLOP/s here |")
     p32 = peaks.get("f32")
@@ -422,6 +436,48 @@ def llama_table(warmup, iters, batch, seq, fails, tao_budget, peaks=None, peaks_
             fails.extend(f"llama {n}" for n in missed)
             v_ok = verdict(not missed)
         print(f"| {v} | {med[v] * 1e3:.1f} | {med[v] / med['f32']:.2f} | {r:.2f} | {pk} | {pr} | {v_ok} |", flush=True)
+
+
+NOT_RUN_ENV = "FP8MIX_BENCH_NOT_RUN"  # main -> peaks child: JSON {"<S> <variant>" | "llama <variant>": why}
+LLAMA_TORCHAO = ("torchao tensorwise", "torchao rowwise")
+
+
+def torchao_step_once(variant: str, S: int, threads: int) -> None:
+    """One fwd+bwd step of a torchao layer of size S (seconds_in_child's target)."""
+    torch.set_num_threads(threads)
+    Case(variant, S).step()
+
+
+def torchao_llama_step_once(variant: str, batch: int, seq: int, threads: int) -> None:
+    """One fwd+bwd step of the tiny Llama with torchao's layers (seconds_in_child's target)."""
+    torch.set_num_threads(threads)
+    ids = torch.randint(0, 4096, (batch, seq), generator=torch.Generator().manual_seed(1))
+    llama_model(variant)(input_ids=ids, labels=ids).loss.backward()
+
+
+def probe_time_limits(sizes, variants, llama_tokens, tao_budget) -> dict:
+    """{case: why} of the torchao cases whose one step, run in a child process, did not finish
+    within tao_budget seconds (or failed there); cases the estimate already skips are not run."""
+    out: dict = {}
+    nt = torch.get_num_threads()
+    for S in sizes:
+        if torchao_estimate(3 * 2.0 * S**3) > tao_budget:
+            continue
+        for v in (v for v in variants if v.startswith("torchao")):
+            t, why = seconds_in_child("bench_linear", "torchao_step_once", (v, S, nt), tao_budget)
+            if t is None:
+                out[f"{S} {v}"] = why
+    if llama_tokens:
+        for v in LLAMA_TORCHAO:
+            t, why = seconds_in_child("bench_linear", "torchao_llama_step_once", (v, *llama_tokens, nt), tao_budget)
+            if t is None:
+                out[f"llama {v}"] = why
+    return out
+
+
+def not_run() -> dict:
+    """The cases probe_time_limits left out (in this process or, through the environment, its parent's)."""
+    return json.loads(os.environ.get(NOT_RUN_ENV, "{}"))
 
 
 def memory_breakdown(S: int) -> list:
@@ -508,6 +564,8 @@ def main():
           "at 512; peak <= f32's; saved act <= 30%; fp8mix delayed <= 0.5x torchao tensorwise\n")
     t_start = time.time()
     fails: list = []
+    os.environ[NOT_RUN_ENV] = json.dumps(probe_time_limits(sizes, variants, None if a.no_llama else (b, s),
+                                                           a.torchao_budget))
     peaks = child_peaks()
     if "error" in peaks:  # the peak targets cannot be judged: that is a FAIL, not a silent PASS
         print(f"- {peaks['error']}\n")

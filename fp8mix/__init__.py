@@ -14,6 +14,7 @@ from .compat import FP8GlobalState, autocast, convert_module_to_fp8
 from .context import fp8_autocast, is_fp8_enabled
 from .formats import Format, Granularity, fp8_dtype, fp8_max
 from .gemm import scaled_mm
+from .gemm_order import get_gemm_order, order_from_env, set_gemm_order, using_gemm_order
 from .grad_scaler import FP8GradScaler
 from .monitor import Monitor
 from .nn import (
@@ -36,6 +37,8 @@ from .plan import FP8Guard, Plan, ProgressiveFP8, search_plan
 from .quantization import amax, cast_transpose, dequantize, quantize
 from .tensor import Float8Tensor
 
+set_gemm_order(order_from_env())  # the op layer starts canonical; this process's default or FP8MIX_GEMM_ORDER
+
 # The seed text's aliases were first importable from fp8mix.nn too; fp8mix.nn cannot import
 # fp8mix.compat (compat builds on fp8mix.nn), so they are attached to it here.
 nn.convert_module_to_fp8 = convert_module_to_fp8  # type: ignore[attr-defined]
@@ -46,7 +49,8 @@ __all__ = [
     "unconvert_model", "strip_fp8_state", "load_fp8_state", "checkpoint", "fp8_autocast", "autocast",
     "is_fp8_enabled", "nn", "nvfp4", "optim", "recipe", "compat", "cuda",
     "quantize", "dequantize", "amax", "cast_transpose", "scaled_mm",
-    "fp8_dtype", "fp8_max", "cpu_isa", "set_max_isa", "__version__",
+    "fp8_dtype", "fp8_max", "cpu_isa", "set_max_isa", "set_gemm_order", "get_gemm_order", "using_gemm_order",
+    "__version__",
     "LayerNorm", "RMSNorm", "LayerNormLinear", "LayerNormMLP", "TransformerLayer", "convert_module_to_fp8",
     "FP8GlobalState",
     "search_plan", "Plan", "ProgressiveFP8", "FP8Guard", "fp8_model_init", "dequantize_fp8_weights",

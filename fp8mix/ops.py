@@ -29,7 +29,8 @@ _GCODE = {g: g.code for g in Granularity}
 
 __all__ = ["cast", "quantize_current", "quantize_mx", "amax", "compute_scale", "dequantize", "scaled_mm", "quant_stats",
            "delayed_cast", "delayed_record", "delayed_rescale", "delayed_flush", "grad_cast", "DelayedSpec",
-           "mm_scale_code", "cpu_isa", "set_max_isa", "scale_shape", "has_kernels", "NormKind", "Act", "norm_cast",
+           "mm_scale_code", "cpu_isa", "set_max_isa", "set_gemm_order", "get_gemm_order", "scale_shape",
+           "has_kernels", "NormKind", "Act", "norm_cast",
            "norm_delayed_cast", "act_cast", "act_delayed_cast", "linear_delayed_casts", "linear_current_casts",
            "linear_backward", "CudaHooks", "set_cuda_hooks", "QUANT_STATS_N",
            "delayed_scale_update", "cuda_hw_convert", "cuda_check_scales", "quantize_nvfp4", "dequantize_nvfp4",
@@ -337,13 +338,24 @@ def quant_stats(x: torch.Tensor, q: torch.Tensor, scale_inv: torch.Tensor, granu
 
 
 def cpu_isa() -> str:
-    """The instruction set the CPU kernels use now ('scalar', 'avx2', 'avx512', 'avx512bf16')."""
+    """The instruction set the CPU kernels use now ('scalar', 'avx2', 'avx512', 'avx512bf16', 'amx')."""
     return _ops.cpu_isa()
 
 
 def set_max_isa(name: str) -> None:
     """Cap the CPU kernels' instruction set (e.g. 'scalar' to run the portable path); process-wide."""
     _ops.set_max_isa(name)
+
+
+def set_gemm_order(code: int) -> None:
+    """The summation order every CPU GEMM passes to the C core from now on (0 canonical,
+    1 native; fp8mix.gemm_order owns the choice); process-wide."""
+    _ops.set_gemm_order(code)
+
+
+def get_gemm_order() -> int:
+    """The order code in force (see set_gemm_order)."""
+    return int(_ops.get_gemm_order())
 
 
 # ---- CUDA builds only -------------------------------------------------------------------

@@ -2,8 +2,12 @@
 
 * `import fp8mix` failing is a hard error for the whole session (not a pile of
   per-test errors or, worse, silent skips): the native extension must be built.
+* The CPU GEMMs sum in the canonical order (FP8MIX_GEMM_ORDER=canonical, set before
+  fp8mix is imported, and again after every test): tests compare bytes, and the native
+  order's bytes depend on the CPU (docs/gemm_order.md). Tests of the native order
+  switch to it themselves.
 * After every test the CPU kernels' ISA cap is restored to the widest one
-  ('avx512bf16', i.e. "whatever the CPU has") and torch's thread count is put
+  ('amx', i.e. "whatever the CPU has") and torch's thread count is put
   back, so a test that narrows either cannot leak into the next.
 * tests/ is on sys.path, so every folder below imports the shared helpers as
   ``from helpers import ...`` (tests/helpers.py), also when pytest runs one file.
@@ -24,8 +28,10 @@ _TESTS = os.path.dirname(os.path.abspath(__file__))
 if _TESTS not in sys.path:  # pytest's default import mode puts it there too; other modes do not
     sys.path.insert(0, _TESTS)
 
+os.environ["FP8MIX_GEMM_ORDER"] = "canonical"  # (subprocesses of the tests inherit it)
+
 try:
-    import fp8mix  # noqa: F401
+    import fp8mix
     from fp8mix import ops
 except Exception as exc:  # pragma: no cover - only when the build is broken
     raise RuntimeError(
@@ -42,7 +48,8 @@ from helpers import write_corpus  # noqa: E402  (after the import check above)
 def _restore_isa_and_threads():
     threads = torch.get_num_threads()
     yield
-    ops.set_max_isa("avx512bf16")
+    ops.set_max_isa("amx")
+    fp8mix.set_gemm_order("canonical")
     torch.set_num_threads(threads)
 
 

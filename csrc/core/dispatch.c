@@ -25,6 +25,20 @@ static int has_f16c(void)
     unsigned a, b, c, d;
     return __get_cpuid(1, &a, &b, &c, &d) && ((c >> 29) & 1u);
 }
+
+/* AMX-BF16 and AMX-TILE (CPUID leaf 7: EDX bits 22, 24), the tile state enabled
+ * in XCR0 (bits 17, 18: XTILECFG, XTILEDATA), and the OS's grant for this process
+ * (Linux: fp8mix_amx_request); a refusal leaves AMX unused. */
+static int has_amx(void)
+{
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !((d >> 22) & 1u) || !((d >> 24) & 1u)) return 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !((c >> 27) & 1u)) return 0; /* OSXSAVE: xgetbv allowed */
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & 0x60000u) != 0x60000u) return 0;
+    return fp8mix_gemm_have_amx && fp8mix_amx_request();
+}
 #endif
 
 static fp8mix_isa detect(void)
@@ -37,7 +51,7 @@ static fp8mix_isa detect(void)
                  __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
     if (!avx512) return FP8MIX_ISA_AVX2;
 #if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 10)
-    if (__builtin_cpu_supports("avx512bf16")) return FP8MIX_ISA_AVX512BF16;
+    if (__builtin_cpu_supports("avx512bf16")) return has_amx() ? FP8MIX_ISA_AMX : FP8MIX_ISA_AVX512BF16;
 #endif
     return FP8MIX_ISA_AVX512;
 #else
@@ -55,6 +69,7 @@ static int parse_isa(const char *s)
     if (!strcmp(s, "avx2")) return FP8MIX_ISA_AVX2;
     if (!strcmp(s, "avx512")) return FP8MIX_ISA_AVX512;
     if (!strcmp(s, "avx512bf16")) return FP8MIX_ISA_AVX512BF16;
+    if (!strcmp(s, "amx")) return FP8MIX_ISA_AMX;
     return -1;
 }
 
@@ -74,7 +89,7 @@ fp8mix_isa fp8mix_active_isa(void)
     int lim = atomic_load(&g_limit);
     if (lim == -1) {
         int env = parse_isa(getenv("FP8MIX_MAX_ISA"));
-        lim = env >= 0 ? env : FP8MIX_ISA_AVX512BF16;
+        lim = env >= 0 ? env : FP8MIX_ISA_AMX;
         int expected = -1;
         atomic_compare_exchange_strong(&g_limit, &expected, lim);
         lim = atomic_load(&g_limit);
@@ -86,7 +101,7 @@ void fp8mix_set_max_isa(fp8mix_isa limit)
 {
     int l = (int)limit;
     if (l < FP8MIX_ISA_SCALAR) l = FP8MIX_ISA_SCALAR;
-    if (l > FP8MIX_ISA_AVX512BF16) l = FP8MIX_ISA_AVX512BF16;
+    if (l > FP8MIX_ISA_AMX) l = FP8MIX_ISA_AMX;
     atomic_store(&g_limit, l);
 }
 
@@ -97,6 +112,7 @@ const char *fp8mix_isa_name(fp8mix_isa isa)
     case FP8MIX_ISA_AVX2: return "avx2";
     case FP8MIX_ISA_AVX512: return "avx512";
     case FP8MIX_ISA_AVX512BF16: return "avx512bf16";
+    case FP8MIX_ISA_AMX: return "amx";
     }
     return "unknown";
 }
@@ -162,19 +178,27 @@ const fp8mix_fused_kernels *fp8mix_fused_kernels_active(void)
 
 static const fp8mix_gemm_ukernel uk_scalar = {4, 16, 0, fp8mix_gemm_ukernel_f32_4x16_ref,
                                               fp8mix_gemm_pack_krows_ref, fp8mix_gemm_pack_kcols_ref,
-                                              fp8mix_gemm_scale_rows_ref, "f32_4x16__scalar", NULL, NULL};
+                                              fp8mix_gemm_scale_rows_ref, "f32_4x16__scalar", NULL, NULL, NULL, 0, NULL, NULL};
 #if FP8MIX_X86
 static const fp8mix_gemm_ukernel uk_avx2 = {6, 16, 0, fp8mix_gemm_ukernel_f32_6x16__avx2,
                                             fp8mix_gemm_pack_krows__avx2, fp8mix_gemm_pack_kcols__avx2,
                                             fp8mix_gemm_scale_rows__avx2, "f32_6x16__avx2",
                                             fp8mix_gemm_ukernel_final_f32_6x16__avx2,
-                                            fp8mix_gemm_ukernel_blocks_f32_6x16__avx2};
+                                            fp8mix_gemm_ukernel_blocks_f32_6x16__avx2,
+                                            fp8mix_gemm_ukernel_mx_f32_6x16__avx2, 0, NULL, NULL};
 static const fp8mix_gemm_ukernel uk_avx512 = {14, 32, 0, fp8mix_gemm_ukernel_f32_14x32__avx512,
                                               fp8mix_gemm_pack_krows__avx2, fp8mix_gemm_pack_kcols__avx2,
-                                              fp8mix_gemm_scale_rows__avx2, "f32_14x32__avx512", NULL, NULL};
+                                              fp8mix_gemm_scale_rows__avx2, "f32_14x32__avx512", NULL, NULL,
+                                              fp8mix_gemm_ukernel_mx_f32_14x32__avx512, 0, NULL, NULL};
 static const fp8mix_gemm_ukernel uk_avx512bf16 = {14, 32, 1, fp8mix_gemm_ukernel_bf16_14x32__avx512bf16,
                                                   fp8mix_gemm_pack_krows__avx2, fp8mix_gemm_pack_kcols__avx2,
-                                                  fp8mix_gemm_scale_rows__avx2, "bf16_14x32__avx512bf16", NULL, NULL};
+                                                  fp8mix_gemm_scale_rows__avx2, "bf16_14x32__avx512bf16", NULL, NULL,
+                                                  fp8mix_gemm_ukernel_mx_bf16_14x32__avx512bf16, 0, NULL, NULL};
+static const fp8mix_gemm_ukernel uk_amx = {32, 32, 1, fp8mix_gemm_ukernel_bf16_32x32__amx,
+                                           fp8mix_gemm_pack_b_krows_amx_ref, fp8mix_gemm_pack_b_kcols_amx_ref,
+                                           fp8mix_gemm_scale_rows__avx2, "bf16_32x32__amx", NULL, NULL,
+                                           fp8mix_gemm_ukernel_mx_bf16_32x32__amx, 32,
+                                           fp8mix_gemm_pack_a_krows_amx_ref, fp8mix_gemm_pack_a_kcols_amx_ref};
 
 /* vdpbf16ps is specified (Intel SDM) as two separately rounded adds, odd
  * element first, with DAZ/FTZ (harmless here: sums of FP8 products are
@@ -253,19 +277,57 @@ static int bf16_faster(void)
     return t16 * 10 < t32 * 9; /* at least 10% faster */
 }
 
+/* 1: the bf16 kernel runs here and is faster; decided once. */
+static int bf16_wins(void)
+{
+    static atomic_int decided = -1;
+    int d = atomic_load(&decided);
+    if (d < 0) {
+        d = fp8mix_gemm_have_avx512bf16 && fp8mix_cpu_isa() >= FP8MIX_ISA_AVX512BF16 && bf16_faster();
+        atomic_store(&decided, d);
+    }
+    return d;
+}
+
 /* 1: the bf16 kernel is exact and faster here; 0: not; decided once. */
 static int use_bf16(void)
 {
     static atomic_int decided = -1;
     int d = atomic_load(&decided);
     if (d < 0) {
-        d = fp8mix_gemm_have_avx512bf16 && fp8mix_cpu_isa() >= FP8MIX_ISA_AVX512BF16 && bf16_probe() &&
-            bf16_faster();
+        d = bf16_wins() && bf16_probe();
         atomic_store(&decided, d);
     }
     return d;
 }
 #endif
+
+/* The AMX kernel on the tile emulation: every CPU, for tests (plain C throughout). */
+static const fp8mix_gemm_ukernel uk_amx_emu = {32, 32, 1, fp8mix_gemm_ukernel_bf16_32x32__amx_emu,
+                                               fp8mix_gemm_pack_b_krows_amx_ref, fp8mix_gemm_pack_b_kcols_amx_ref,
+                                               fp8mix_gemm_scale_rows_ref, "bf16_32x32__amx_emu", NULL, NULL,
+                                               fp8mix_gemm_ukernel_mx_bf16_32x32__amx_emu, 32,
+                                               fp8mix_gemm_pack_a_krows_amx_ref, fp8mix_gemm_pack_a_kcols_amx_ref};
+
+const fp8mix_gemm_ukernel *fp8mix_gemm_ukernel_amx_emulated(void) { return &uk_amx_emu; }
+
+const fp8mix_gemm_ukernel *fp8mix_gemm_ukernel_amx_hardware(void)
+{
+#if FP8MIX_X86
+    if (fp8mix_cpu_isa() >= FP8MIX_ISA_AMX) return &uk_amx;
+#endif
+    return NULL;
+}
+
+const fp8mix_gemm_ukernel *fp8mix_gemm_ukernel_native(void)
+{
+#if FP8MIX_X86
+    fp8mix_isa isa = fp8mix_active_isa();
+    if (isa >= FP8MIX_ISA_AMX) return &uk_amx;
+    if (isa >= FP8MIX_ISA_AVX512BF16 && bf16_wins()) return &uk_avx512bf16;
+#endif
+    return fp8mix_gemm_ukernel_active();
+}
 
 const fp8mix_gemm_ukernel *fp8mix_gemm_ukernel_active(void)
 {

@@ -2,8 +2,9 @@
  * gemm.c — the scaled FP8 GEMM: out = (A * scale_a) @ (B * scale_b) + bias.
  *
  * Covers: the numerics contract (below) and the entry point, which checks the
- * arguments (gemm_check.c) and routes to a driver: gemm_mx.c for MX scales,
- * gemm_fp22.c for the FP22 model, gemm_blocked.c for everything else.  Not
+ * arguments (gemm_check.c) and routes to a driver: gemm_fp22.c for the FP22
+ * model, gemm_blocked.c for everything else (MX scales included: gemm_mx.c is
+ * their plain-loop reference).  Not
  * here, and none of it calls back here: the drivers, the epilogue they share
  * (gemm_epilogue.c), the scalar reference fp8mix_gemm_ref with the portable
  * microkernel and packing (gemm_ref.c), the SIMD microkernels and packing
@@ -18,7 +19,7 @@
  *   - TENSOR / OUTER: v = (sa_i * sb_j) * sum;
  *     BLOCK: acc = +0; for kb = 0, 1, ...: acc = acc + part_kb * (sa[i][kb] *
  *     sb[kb][j / 128]) (each operation rounded to float32, no FMA); v = acc;
- *     MX: the same with 32-deep K runs and (sa[i][kb] * sb[j][kb]) (gemm_mx.c);
+ *     MX: the same with 32-deep K runs and (sa[i][kb] * sb[j][kb]);
  *   - with bias: v = v + bias_j (bias widened to float32 exactly);
  *   - v is rounded once to out_t (nearest even, NaN stays NaN).
  *
@@ -50,6 +51,7 @@ fp8mix_status fp8mix_gemm(const fp8mix_gemm_args *g)
     if (st != FP8MIX_OK || g->m == 0 || g->n == 0) return st;
     fp8mix_prefault(g->out, (size_t)((g->m - 1) * g->ldo + g->n) * dtype_size(g->out_t),
                     fp8mix_workers_for(g->m * g->n, 1 << 18));
-    if (g->scale_a_kind == FP8MIX_MM_SCALE_MX) return fp8mix_gemm_mx(g);
-    return g->accum == FP8MIX_ACCUM_FP22 ? fp8mix_gemm_fp22(g) : fp8mix_gemm_blocked(g);
+    if (g->accum == FP8MIX_ACCUM_FP22) return fp8mix_gemm_fp22(g);
+    if (g->order == FP8MIX_GEMM_NATIVE) return fp8mix_gemm_blocked_with(g, fp8mix_gemm_ukernel_native());
+    return fp8mix_gemm_blocked(g);
 }

@@ -60,8 +60,9 @@ typedef struct plan {
     int64_t mr, nr, mc, nc, n_ic;
     int64_t kcmax;             /* the K step (KC)                                */
     int block;                 /* BLOCK scales                                   */
+    int mx;                    /* MX scales (32-deep K runs)                     */
     int fused_epi;             /* whole tiles' epilogue in the last microkernel  */
-    int64_t nkb, nnb;          /* BLOCK: scale blocks along K and along N        */
+    int64_t nkb, nnb;          /* BLOCK / MX: scale blocks along K; BLOCK: along N */
     /* the current column chunk and K step */
     int64_t jc, ncc, nsl;      /* chunk start, width, NR slivers                 */
     int64_t n_jg, sl_per_jg;   /* column groups of the compute tasks             */
@@ -72,10 +73,20 @@ typedef struct plan {
     size_t ablk_words;
     float *acc;                /* non-float32 output: M x ldacc accumulator      */
     int64_t ldacc;
+    int64_t mxq;               /* MX: 32-deep blocks per K step (at most)        */
+    float *mxsb;               /* MX: per sliver mxq x NR column scales           */
+    float *mxsa;               /* MX: per worker, per A panel mxq x MR row scales */
+    size_t mxsa_words;
 } plan;
 
 static inline int64_t slots(const plan *pl, int64_t k) { return pl->uk->bf16 ? k / 2 : k; }
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+/* k rounded up to the kernel's packed depth (even, or the AMX kernel's 32). */
+static inline int64_t kpad(const plan *pl, int64_t k)
+{
+    int64_t a = pl->uk->kalign > 0 ? pl->uk->kalign : 2;
+    return (k + a - 1) / a * a;
+}
 
 /* The float32 C element (i, j): the output itself or the accumulator. */
 static inline float *c_at(const plan *pl, int64_t i, int64_t j)
@@ -139,6 +150,22 @@ static inline void prefetch_rows(const uint8_t *p, int64_t ld, int64_t rows, int
 }
 
 
+/* The MX scales of a K step beside the packed panels, 0 outside the nv valid rows or
+ * columns (those outputs are dropped): dst[q * w + r] = src[(r0 + r) * nkb + kb0 + q]
+ * (A's rows, or B's columns: both are indexed [row or column][k block]). */
+static void mx_scales(const plan *pl, const float *src, int64_t r0, int nv, int64_t w, float *dst)
+{
+    int64_t nq = ceil_div(pl->kc, FP8MIX_MX_BLOCK), kb0 = pl->pc / FP8MIX_MX_BLOCK;
+    for (int64_t r = 0; r < w; r++) {
+        if (r >= nv) {
+            for (int64_t q = 0; q < nq; q++) dst[q * w + r] = 0.0f;
+            continue;
+        }
+        const float *sr = src + (r0 + r) * pl->nkb + kb0;
+        for (int64_t q = 0; q < nq; q++) dst[q * w + r] = sr[q];
+    }
+}
+
 static void pack_b_task(void *ctx, int64_t s, int worker)
 {
     (void)worker;
@@ -147,6 +174,7 @@ static void pack_b_task(void *ctx, int64_t s, int worker)
     int64_t j = pl->jc + s * pl->nr;
     int nv = (int)min64(pl->nr, g->n - j);
     uint32_t *dst = pl->bpanel + s * pl->ksl * pl->nr;
+    if (pl->mx) mx_scales(pl, g->scale_b, j, nv, pl->nr, pl->mxsb + s * pl->mxq * pl->nr);
     if (g->b_layout == FP8MIX_B_NK && j + pl->nr < g->n) /* the next sliver's columns */
         prefetch_rows(g->b + (j + pl->nr) * g->ldb + pl->pc, g->ldb, min64(pl->nr, g->n - j - pl->nr), pl->kc);
     if (g->b_layout == FP8MIX_B_KN)
@@ -157,9 +185,36 @@ static void pack_b_task(void *ctx, int64_t s, int worker)
                            pl->uk->bf16, dst);
 }
 
-/* One MR x NR tile at rows i.., columns j.. (mv x nv of them valid). */
-static void run_tile(const plan *pl, const uint32_t *as, const uint32_t *bs, int64_t i, int64_t j,
-                     int mv, int nv)
+/* MX scales over the K step of one tile (C at c, stride ld; sa, sb its rows' and
+ * columns' scales per 32-deep block): the kernel's MX mode, or fn once per block into
+ * a tile buffer and the rule C = C + part * (sa * sb) here (gemm.c), each operation
+ * rounded, in the same order. */
+static void run_mx(const plan *pl, const uint32_t *as, const uint32_t *bs, const float *sa, const float *sb,
+                   float *c, int64_t ld, int load)
+{
+    const fp8mix_gemm_ukernel *uk = pl->uk;
+    int64_t mr = pl->mr, nr = pl->nr, nq = ceil_div(pl->kc, FP8MIX_MX_BLOCK);
+    if (uk->fn_mx) {
+        uk->fn_mx(pl->kce, as, bs, c, ld, load, sa, sb);
+        return;
+    }
+    float part[MAX_TILE];
+    for (int64_t q = 0; q < nq; q++) {
+        int64_t k0 = q * FP8MIX_MX_BLOCK, kk = min64(FP8MIX_MX_BLOCK, pl->kc - k0);
+        uk->fn(kpad(pl, kk), as + slots(pl, k0) * mr, bs + slots(pl, k0) * nr, part, nr, 0, NULL);
+        const int add = load || q > 0;
+        for (int64_t r = 0; r < mr; r++)
+            for (int64_t x = 0; x < nr; x++) {
+                float o = add ? c[r * ld + x] : 0.0f;
+                c[r * ld + x] = o + part[r * nr + x] * (sa[q * mr + r] * sb[q * nr + x]);
+            }
+    }
+}
+
+/* One MR x NR tile at rows i.., columns j.. (mv x nv of them valid); msa, msb: its MX
+ * scales (NULL without MX). */
+static void run_tile(const plan *pl, const uint32_t *as, const uint32_t *bs, const float *msa, const float *msb,
+                     int64_t i, int64_t j, int mv, int nv)
 {
     const fp8mix_gemm_args *g = pl->g;
     const fp8mix_gemm_ukernel *uk = pl->uk;
@@ -180,7 +235,9 @@ static void run_tile(const plan *pl, const uint32_t *as, const uint32_t *bs, int
         uk->fn_final(pl->kce, as, bs, c, ld, load, s, g->bias ? (const float *)g->bias + j : NULL);
         return;
     }
-    if (!pl->block) {
+    if (pl->mx) {
+        run_mx(pl, as, bs, msa, msb, c, ld, load);
+    } else if (!pl->block) {
         uk->fn(pl->kce, as, bs, c, ld, load, NULL);
     } else {
         float rs[KC_MAX / FP8MIX_BLOCK * 32]; /* per 128-deep block of the K step: MR (<= 32) row scales */
@@ -196,7 +253,7 @@ static void run_tile(const plan *pl, const uint32_t *as, const uint32_t *bs, int
         } else {
             for (int64_t sb = 0; sb < pl->kc; sb += FP8MIX_BLOCK) {
                 int64_t kk = min64(FP8MIX_BLOCK, pl->kc - sb);
-                uk->fn(kk + (kk & 1), as + slots(pl, sb) * mr, bs + slots(pl, sb) * nr, c, ld, pl->pc + sb > 0,
+                uk->fn(kpad(pl, kk), as + slots(pl, sb) * mr, bs + slots(pl, sb) * nr, c, ld, pl->pc + sb > 0,
                        rs + (sb / FP8MIX_BLOCK) * mr);
             }
         }
@@ -217,24 +274,30 @@ static void compute_task(void *ctx, int64_t t, int worker)
     int64_t s0 = (t % pl->n_jg) * pl->sl_per_jg, s1 = min64(pl->nsl, s0 + pl->sl_per_jg);
     int64_t npan = ceil_div(mcc, mr);
     uint32_t *ab = pl->ablk + (size_t)worker * pl->ablk_words;
+    const fp8mix_gemm_pack_fn pack_krows = pl->uk->pack_a_krows ? pl->uk->pack_a_krows : pl->uk->pack_krows;
+    const fp8mix_gemm_pack_fn pack_kcols = pl->uk->pack_a_kcols ? pl->uk->pack_a_kcols : pl->uk->pack_kcols;
+    float *msa = pl->mx ? pl->mxsa + (size_t)worker * pl->mxsa_words : NULL;
     for (int64_t p = 0; p < npan; p++) {
         int64_t i = i0 + p * mr;
         int nv = (int)min64(mr, mcc - p * mr);
         uint32_t *dst = ab + p * ksl * mr;
+        if (msa) mx_scales(pl, g->scale_a, i, nv, mr, msa + p * pl->mxq * mr);
         if (g->a_layout == FP8MIX_A_KM) {
-            pl->uk->pack_kcols(g->a + pl->pc * g->lda + i, g->lda, nv, (int)mr, pl->kc, g->fmt_a, pl->uk->bf16, dst);
+            pack_kcols(g->a + pl->pc * g->lda + i, g->lda, nv, (int)mr, pl->kc, g->fmt_a, pl->uk->bf16, dst);
             continue;
         }
         const uint8_t *a = g->a + i * g->lda + pl->pc;
         if (p + 1 < npan) prefetch_rows(a + mr * g->lda, g->lda, min64(mr, mcc - (p + 1) * mr), pl->kc);
-        pl->uk->pack_krows(a, g->lda, nv, (int)mr, pl->kc, g->fmt_a, pl->uk->bf16, dst);
+        pack_krows(a, g->lda, nv, (int)mr, pl->kc, g->fmt_a, pl->uk->bf16, dst);
     }
     for (int64_t s = s0; s < s1; s++) {
         int64_t j = pl->jc + s * nr;
         int nv = (int)min64(nr, g->n - j);
         const uint32_t *bs = pl->bpanel + s * ksl * nr;
+        const float *msb = pl->mx ? pl->mxsb + s * pl->mxq * nr : NULL;
         for (int64_t p = 0; p < npan; p++)
-            run_tile(pl, ab + p * ksl * mr, bs, i0 + p * mr, j, (int)min64(mr, mcc - p * mr), nv);
+            run_tile(pl, ab + p * ksl * mr, bs, msa ? msa + p * pl->mxq * mr : NULL, msb, i0 + p * mr, j,
+                     (int)min64(mr, mcc - p * mr), nv);
     }
 }
 
@@ -331,6 +394,11 @@ static size_t plan_sizes(plan *pl, int workers)
         pl->ldacc = pl->nc + 16; /* rows 4 KiB apart would alias in L1 */
         words += (size_t)(M * pl->ldacc);
     }
+    if (pl->mx) { /* the MX scales beside the B panel and each worker's A block */
+        pl->mxq = pl->kcmax / FP8MIX_MX_BLOCK;
+        pl->mxsa_words = (size_t)(pl->mc * pl->mxq);
+        words += (size_t)(pl->nc * pl->mxq) + pl->mxsa_words * (size_t)workers;
+    }
     return words * 4;
 }
 
@@ -366,8 +434,9 @@ fp8mix_status fp8mix_gemm_blocked_with(const fp8mix_gemm_args *g, const fp8mix_g
     pl.mr = pl.uk->mr;
     pl.nr = pl.uk->nr;
     pl.block = g->scale_a_kind == FP8MIX_MM_SCALE_BLOCK;
+    pl.mx = g->scale_a_kind == FP8MIX_MM_SCALE_MX;
     pl.fused_epi = uk->fn_final && !pl.block && fp8mix_gemm_epilogue_simple(g);
-    pl.nkb = ceil_div(K, FP8MIX_BLOCK);
+    pl.nkb = ceil_div(K, pl.mx ? FP8MIX_MX_BLOCK : FP8MIX_BLOCK);
     pl.nnb = ceil_div(N, FP8MIX_BLOCK);
     pl.kcmax = kc_for(uk);
     size_t got = 0, bytes = plan_sizes(&pl, workers);
@@ -375,7 +444,15 @@ fp8mix_status fp8mix_gemm_blocked_with(const fp8mix_gemm_args *g, const fp8mix_g
     if (!ws) return FP8MIX_ERR_NO_MEMORY;
     pl.bpanel = ws;
     pl.ablk = ws + pl.nc * slots(&pl, pl.kcmax);
-    if (g->out_t != FP8MIX_F32) pl.acc = (float *)(pl.ablk + pl.ablk_words * (size_t)workers);
+    float *rest = (float *)(pl.ablk + pl.ablk_words * (size_t)workers);
+    if (g->out_t != FP8MIX_F32) {
+        pl.acc = rest;
+        rest += M * pl.ldacc;
+    }
+    if (pl.mx) {
+        pl.mxsb = rest;
+        pl.mxsa = rest + pl.nc * pl.mxq;
+    }
     int pack_workers = fp8mix_workers_for(N * min64(K, pl.kcmax), 1 << 16);
     for (pl.jc = 0; pl.jc < N; pl.jc += pl.nc) {
         pl.ncc = min64(pl.nc, N - pl.jc);
@@ -383,7 +460,7 @@ fp8mix_status fp8mix_gemm_blocked_with(const fp8mix_gemm_args *g, const fp8mix_g
         plan_groups(&pl, workers);
         for (pl.pc = 0; pl.pc < K; pl.pc += pl.kcmax) {
             pl.kc = min64(pl.kcmax, K - pl.pc);
-            pl.kce = pl.kc + (pl.kc & 1);
+            pl.kce = kpad(&pl, pl.kc);
             pl.ksl = slots(&pl, pl.kce);
             pl.last = pl.pc + pl.kcmax >= K;
             fp8mix_parallel_for(pl.nsl, pack_workers, pack_b_task, &pl);

@@ -48,6 +48,7 @@ fp8mix_status fp8mix_gemm_check_args(const fp8mix_gemm_args *g)
         (g->b_layout != FP8MIX_B_KN && g->b_layout != FP8MIX_B_NK) ||
         (g->a_layout != FP8MIX_A_MK && g->a_layout != FP8MIX_A_KM) ||
         (g->accum != FP8MIX_ACCUM_FP32 && g->accum != FP8MIX_ACCUM_FP22) ||
+        (g->order != FP8MIX_GEMM_CANONICAL && g->order != FP8MIX_GEMM_NATIVE) ||
         (g->bias && !dtype_ok(g->bias_t)))
         return FP8MIX_ERR_BAD_ENUM;
     if ((g->scale_a_kind == FP8MIX_MM_SCALE_BLOCK) !=

@@ -75,6 +75,16 @@ typedef void (*fp8mix_gemm_ukernel_final_fn)(int64_t kc, const void *a, const vo
 typedef void (*fp8mix_gemm_ukernel_blocks_fn)(int64_t kc, const void *a, const void *b, float *c, int64_t ldc,
                                               int load_c, const float *rs);
 
+/* Optional: the microkernel's MX mode over a whole K step: for block q = 0, 1, ... of kc
+ * (each 32 deep, the last possibly shorter and then padded to even),
+ *   part = +0 + the block's products (canonical order);
+ *   C = (load_c || q > 0 ? C : +0) + part * (sa[q * MR + r] * sb[q * NR + c])
+ * (the scale product, the multiply and the add each rounded to float32, no FMA): what
+ * the driver's generic MX loop does with fn, without a pass over a tile buffer per
+ * block.  sa has MR and sb NR entries per block. */
+typedef void (*fp8mix_gemm_ukernel_mx_fn)(int64_t kc, const void *a, const void *b, float *c, int64_t ldc,
+                                          int load_c, const float *sa, const float *sb);
+
 typedef struct fp8mix_gemm_ukernel {
     int mr, nr;            /* tile; nr divides 128 (block scales) */
     int bf16;              /* packed panels hold bf16 pairs       */
@@ -84,6 +94,11 @@ typedef struct fp8mix_gemm_ukernel {
     const char *name;
     fp8mix_gemm_ukernel_final_fn fn_final; /* NULL: fn, then scale_rows */
     fp8mix_gemm_ukernel_blocks_fn fn_blocks; /* NULL: fn once per block */
+    fp8mix_gemm_ukernel_mx_fn fn_mx;         /* NULL: fn once per 32-deep block, then
+                                                the scales in the driver          */
+    int kalign;            /* packed K depth padded to a multiple of this (0: 2); the
+                              kernels get kc and block depths rounded up to it    */
+    fp8mix_gemm_pack_fn pack_a_krows, pack_a_kcols; /* A's own layout (NULL: B's) */
 } fp8mix_gemm_ukernel;
 
 /* The portable kernels (the scalar ISA's, and the oracles of the SIMD ones):
@@ -105,9 +120,15 @@ void fp8mix_gemm_ukernel_final_f32_6x16__avx2(int64_t kc, const void *a, const v
                                               int load_c, const float *s, const float *bias);
 void fp8mix_gemm_ukernel_blocks_f32_6x16__avx2(int64_t kc, const void *a, const void *b, float *c, int64_t ldc,
                                                int load_c, const float *rs);
+void fp8mix_gemm_ukernel_mx_f32_6x16__avx2(int64_t kc, const void *a, const void *b, float *c, int64_t ldc,
+                                           int load_c, const float *sa, const float *sb);
 void fp8mix_gemm_ukernel_f32_14x32__avx512(int64_t kc, const void *a, const void *b,
                                            float *c, int64_t ldc, int load_c,
                                            const float *rs);
+void fp8mix_gemm_ukernel_mx_f32_14x32__avx512(int64_t kc, const void *a, const void *b, float *c, int64_t ldc,
+                                              int load_c, const float *sa, const float *sb);
+void fp8mix_gemm_ukernel_mx_bf16_14x32__avx512bf16(int64_t kc, const void *a, const void *b, float *c, int64_t ldc,
+                                                   int load_c, const float *sa, const float *sb);
 void fp8mix_gemm_ukernel_bf16_14x32__avx512bf16(int64_t kc, const void *a,
                                                 const void *b, float *c,
                                                 int64_t ldc, int load_c,
@@ -120,15 +141,50 @@ void fp8mix_gemm_scale_rows__avx2(float *out, int64_t ldo, const float *vals, in
                                   const float *sa, int per_row, float sb, const float *bias);
 /* Nonzero when gemm_avx512bf16.c was compiled with AVX512_BF16 support. */
 extern const int fp8mix_gemm_have_avx512bf16;
+/* The AMX kernel on the hardware (x86/gemm_amx.c; fp8mix_gemm_have_amx: compiled with
+ * AMX support) and the OS's grant of the tile state (x86/amx_os.c: 1 granted). */
+void fp8mix_gemm_ukernel_bf16_32x32__amx(int64_t kc, const void *a, const void *b, float *c, int64_t ldc,
+                                         int load_c, const float *rs);
+void fp8mix_gemm_ukernel_mx_bf16_32x32__amx(int64_t kc, const void *a, const void *b, float *c, int64_t ldc,
+                                            int load_c, const float *sa, const float *sb);
+extern const int fp8mix_gemm_have_amx;
+int fp8mix_amx_request(void);
 #endif
+
+/* The AMX kernel on the tile emulation, and the AMX packing (gemm_amx_ref.c):
+ * A in the tile-row layout, B in the VNNI pair layout, both padded to 32-deep
+ * chunks (gemm_amx_kernel.h); fp8mix_gemm_pack_amx_pad zeroes a bf16-packed
+ * sliver's pair rows from kc up to the next multiple of 32 k. */
+void fp8mix_gemm_ukernel_bf16_32x32__amx_emu(int64_t kc, const void *a, const void *b, float *c, int64_t ldc,
+                                             int load_c, const float *rs);
+void fp8mix_gemm_ukernel_mx_bf16_32x32__amx_emu(int64_t kc, const void *a, const void *b, float *c, int64_t ldc,
+                                                int load_c, const float *sa, const float *sb);
+void fp8mix_gemm_pack_a_krows_amx_ref(const uint8_t *src, int64_t ld, int nv, int w, int64_t kc, fp8mix_format fmt,
+                                      int bf16, void *dst);
+void fp8mix_gemm_pack_a_kcols_amx_ref(const uint8_t *src, int64_t ld, int nv, int w, int64_t kc, fp8mix_format fmt,
+                                      int bf16, void *dst);
+void fp8mix_gemm_pack_b_krows_amx_ref(const uint8_t *src, int64_t ld, int nv, int w, int64_t kc, fp8mix_format fmt,
+                                      int bf16, void *dst);
+void fp8mix_gemm_pack_b_kcols_amx_ref(const uint8_t *src, int64_t ld, int nv, int w, int64_t kc, fp8mix_format fmt,
+                                      int bf16, void *dst);
+void fp8mix_gemm_pack_amx_pad(int w, int64_t kc, void *dst);
 
 /* The microkernel (and its packing) the active ISA uses, never NULL; chosen
  * in dispatch.c.  The bf16 kernel is used only after a one-time probe showed
  * it bit-identical to the float32 one, and a timing showed it faster. */
 const fp8mix_gemm_ukernel *fp8mix_gemm_ukernel_active(void);
 /* Every microkernel this build and CPU can run (whatever the ISA limit),
- * scalar first: up to max into out; returns the count.  For tests. */
+ * scalar first: up to max into out; returns the count.  For tests.  All of them
+ * sum in the canonical order; the AMX kernels are not among them. */
 int fp8mix_gemm_ukernels(const fp8mix_gemm_ukernel **out, int max);
+/* The kernel of the NATIVE order (fp8mix_gemm_order): the AMX one where the active
+ * ISA is FP8MIX_ISA_AMX, the AVX512_BF16 one where that ISA is active and the
+ * kernel is faster than the float32 one (probe or not), else the active kernel. */
+const fp8mix_gemm_ukernel *fp8mix_gemm_ukernel_native(void);
+/* The AMX kernel on the tile emulation (any CPU), and on the hardware (NULL where
+ * this CPU, OS or build has no AMX).  For tests. */
+const fp8mix_gemm_ukernel *fp8mix_gemm_ukernel_amx_emulated(void);
+const fp8mix_gemm_ukernel *fp8mix_gemm_ukernel_amx_hardware(void);
 
 /* ---- shared by the drivers (gemm_epilogue.c, gemm_check.c) -------------- */
 
@@ -170,8 +226,8 @@ fp8mix_status fp8mix_gemm_check_args(const fp8mix_gemm_args *g);
 fp8mix_status fp8mix_gemm_blocked(const fp8mix_gemm_args *g);
 fp8mix_status fp8mix_gemm_blocked_with(const fp8mix_gemm_args *g, const fp8mix_gemm_ukernel *uk);
 fp8mix_status fp8mix_gemm_fp22(const fp8mix_gemm_args *g);
-/* The MX driver (gemm_mx.c), also called by fp8mix_gemm_ref: its own plain loop
- * is the rule (see fp8mix.h). */
+/* The MX reference (gemm_mx.c), called by fp8mix_gemm_ref: a plain loop over rows
+ * in the rule's order (see fp8mix.h), the oracle of the blocked driver's MX path. */
 fp8mix_status fp8mix_gemm_mx(const fp8mix_gemm_args *g);
 
 /* The scalar reference (gemm_ref.c): a plain loop over (i, j, k) implementing

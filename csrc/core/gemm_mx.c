@@ -1,10 +1,10 @@
 /*
- * gemm_mx.c — the GEMM driver for MX scales on both operands (fp8mix_gemm_mx,
- * called by fp8mix_gemm and fp8mix_gemm_ref after the checks): 32-deep K runs,
- * each scaled by (sa[i][kb] * sb[j][kb]) (the rule in gemm.c).  One plain loop
- * in the documented order, threaded over rows: it is its own reference (no
- * SIMD variant to keep bit-exact yet).  Not here: MX quantisation (cast_mx.c),
- * the epilogue (gemm_epilogue.c).
+ * gemm_mx.c — the plain-loop reference of the GEMM with MX scales on both
+ * operands (fp8mix_gemm_mx, called by fp8mix_gemm_ref after the checks):
+ * 32-deep K runs, each scaled by (sa[i][kb] * sb[j][kb]) (the rule in gemm.c),
+ * in the documented order, threaded over rows.  The oracle of the blocked
+ * driver's MX path (gemm_blocked.c), which fp8mix_gemm uses.  Not here: MX
+ * quantisation (cast_mx.c), the epilogue (gemm_epilogue.c).
  */
 #include <stdlib.h>
 #include <string.h>

@@ -449,6 +449,25 @@ typedef enum fp8mix_mm_scale {
                                    must both be MX; ACCUM_FP32 only. */
 } fp8mix_mm_scale;
 
+/* Summation order of the float32 GEMM (ACCUM_FP32; docs/gemm_order.md):
+ *   CANONICAL  the order described at fp8mix_gemm below, the same bits on every
+ *              CPU, ISA and thread count (and the CUDA path's CPU oracle);
+ *   NATIVE     the fastest exact-product kernel of this CPU, each output summed
+ *              in that kernel's order: AMX tiles (tdpbf16ps, where CPUID has
+ *              AMX-BF16, Linux grants the tile state and FP8MIX_MAX_ISA allows
+ *              "amx"): per 32-deep chunk of K the even and the odd k's products
+ *              summed apart (each from +0, in k order), added together, then
+ *              added to the output's running sum; elsewhere the kernel
+ *              CANONICAL uses (today every other kernel sums in the canonical
+ *              order).  The same bits run to run and for every thread count on
+ *              one machine and build; not across CPUs.  Error bound against
+ *              the exact sum of the products: docs/gemm_order.md.
+ * The core keeps no order of its own: each call states it (zero = CANONICAL). */
+typedef enum fp8mix_gemm_order {
+    FP8MIX_GEMM_CANONICAL = 0,
+    FP8MIX_GEMM_NATIVE = 1
+} fp8mix_gemm_order;
+
 typedef enum fp8mix_accum {
     FP8MIX_ACCUM_FP32 = 0,   /* exact products, float32 accumulation           */
     FP8MIX_ACCUM_FP22 = 1    /* Hopper-like limited accumulator; see below      */
@@ -477,6 +496,8 @@ typedef struct fp8mix_gemm_args {
                                         float32 (e.g. 128); 0 = never promote */
     fp8mix_a_layout a_layout;        /* last, so that zero-filled args keep
                                         the row-major default                 */
+    fp8mix_gemm_order order;         /* ACCUM_FP32's summation order (zero:
+                                        CANONICAL); ignored by ACCUM_FP22     */
 } fp8mix_gemm_args;
 
 /* out = (A * scale_a) @ (B * scale_b) + bias.
@@ -498,7 +519,10 @@ typedef struct fp8mix_gemm_args {
  * and reset.  The float32 result then goes through the same epilogue.
  * bias_t may be F32, BF16 or F16 (widened exactly), independent of out_t.
  * K == 0 gives bias (or +0).  Output is rounded once to out_t (nearest even).
- * Errors: NULL_POINTER, BAD_SHAPE (ld too small; every ld >= 1), BAD_ENUM,
+ * order == FP8MIX_GEMM_NATIVE replaces the canonical order of each K run by
+ * the native kernel's (fp8mix_gemm_order); scales, bias and rounding as above.
+ * Errors: NULL_POINTER, BAD_SHAPE (ld too small; every ld >= 1), BAD_ENUM
+ * (order included),
  * BAD_SCALE (a scale not finite or <= 0), BAD_ARG (BLOCK or MX mixed with
  * another kind, promote_interval < 0), UNSUPPORTED (MX with ACCUM_FP22). */
 fp8mix_status fp8mix_gemm(const fp8mix_gemm_args *args);
@@ -631,13 +655,17 @@ typedef enum fp8mix_isa {
     FP8MIX_ISA_SCALAR = 0,  /* portable C, any CPU                     */
     FP8MIX_ISA_AVX2 = 1,    /* AVX2 + FMA + F16C                       */
     FP8MIX_ISA_AVX512 = 2,  /* AVX-512 F/BW/VL/DQ                      */
-    FP8MIX_ISA_AVX512BF16 = 3 /* AVX-512 above + AVX512_BF16            */
+    FP8MIX_ISA_AVX512BF16 = 3, /* AVX-512 above + AVX512_BF16           */
+    FP8MIX_ISA_AMX = 4      /* the above + AMX-TILE and AMX-BF16, with the
+                               tile state granted by the OS (Linux:
+                               arch_prctl(ARCH_REQ_XCOMP_PERM)); used only
+                               by the NATIVE GEMM order                 */
 } fp8mix_isa;
 
 /* The best ISA this CPU (and build) supports, read once. */
 fp8mix_isa fp8mix_cpu_isa(void);
 /* The ISA kernels use: min(best, limit).  Set limit with
- * fp8mix_set_max_isa (or env FP8MIX_MAX_ISA=scalar|avx2|avx512|avx512bf16,
+ * fp8mix_set_max_isa (or env FP8MIX_MAX_ISA=scalar|avx2|avx512|avx512bf16|amx,
  * read once); used by tests to compare every variant with the scalar one. */
 fp8mix_isa fp8mix_active_isa(void);
 void fp8mix_set_max_isa(fp8mix_isa limit);

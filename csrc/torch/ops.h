@@ -74,6 +74,8 @@ Tensor scaled_mm_cpu(const Tensor &a, const Tensor &b, const Tensor &scale_a, co
                      int64_t scale_kind_a, int64_t scale_kind_b);
 std::string cpu_isa();
 void set_max_isa(std::string name);
+void set_gemm_order(int64_t order);
+int64_t get_gemm_order();
 
 // ---- fused_cpu.cpp: a norm or an activation written as FP8 ---------------------------
 Tensors7 norm_cast_cpu(const Tensor &x, const OptTensor &gamma, const OptTensor &beta, int64_t kind, double eps,

@@ -7,6 +7,7 @@
 // linear-layer compositions (linear_cpu.cpp), CUDA (ops_cuda.cpp).
 #include <torch/library.h>
 
+#include <atomic>
 #include <cstring>
 
 #include "common.h"
@@ -277,6 +278,20 @@ Tensors2 delayed_flush_cpu(const Tensor &hist, const Tensor &scale, const Tensor
 
 // ---- the scaled GEMM -----------------------------------------------------------------
 
+// The summation order the CPU GEMMs pass to fp8mix_gemm: Python's choice (fp8mix.gemm_order
+// sets it through set_gemm_order when fp8mix is imported and whenever it changes), kept here
+// only because the linear ops reach scaled_mm_cpu without a Python call in between.
+static std::atomic<int> g_gemm_order{FP8MIX_GEMM_CANONICAL};
+
+void set_gemm_order(int64_t order)
+{
+    TORCH_CHECK_VALUE(order == FP8MIX_GEMM_CANONICAL || order == FP8MIX_GEMM_NATIVE,
+                      "fp8mix.set_gemm_order: order must be 0 (canonical) or 1 (native), got ", order);
+    g_gemm_order.store((int)order, std::memory_order_relaxed);
+}
+
+int64_t get_gemm_order() { return g_gemm_order.load(std::memory_order_relaxed); }
+
 Tensor scaled_mm_cpu(const Tensor &a, const Tensor &b, const Tensor &scale_a, const Tensor &scale_b,
                      const OptTensor &bias, OptDtype out_dtype, Str accumulate, int64_t promote_interval,
                      int64_t scale_kind_a, int64_t scale_kind_b)
@@ -302,6 +317,7 @@ Tensor scaled_mm_cpu(const Tensor &a, const Tensor &b, const Tensor &scale_a, co
     g.out = out.data_ptr(); g.out_t = r.out_t; g.ldo = ld_of(r.n);
     g.accum = r.fp22 ? FP8MIX_ACCUM_FP22 : FP8MIX_ACCUM_FP32;
     g.promote_interval = promote_interval;
+    g.order = (fp8mix_gemm_order)g_gemm_order.load(std::memory_order_relaxed);
     sync_threads();
     check_status(fp8mix_gemm(&g), op, "scales must be finite and > 0");
     return out;
@@ -311,14 +327,14 @@ std::string cpu_isa() { return fp8mix_isa_name(fp8mix_active_isa()); }
 
 void set_max_isa(std::string name)
 {
-    static const char *names[] = {"scalar", "avx2", "avx512", "avx512bf16"};
-    for (int i = 0; i < 4; i++)
+    static const char *names[] = {"scalar", "avx2", "avx512", "avx512bf16", "amx"};
+    for (int i = 0; i < 5; i++)
         if (name == names[i]) {
             fp8mix_set_max_isa((fp8mix_isa)i);
             return;
         }
     TORCH_CHECK_VALUE(false, "fp8mix.set_max_isa: unknown ISA '", name,
-                      "' (expected scalar, avx2, avx512 or avx512bf16)");
+                      "' (expected scalar, avx2, avx512, avx512bf16 or amx)");
 }
 
 } // namespace fp8mix_torch

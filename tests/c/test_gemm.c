@@ -51,6 +51,7 @@ static int64_t nscale(fp8mix_mm_scale kind, int64_t rows, int64_t k, int64_t n, 
 {
     if (kind == FP8MIX_MM_SCALE_TENSOR) return 1;
     if (kind == FP8MIX_MM_SCALE_OUTER) return is_a ? rows : n;
+    if (kind == FP8MIX_MM_SCALE_MX) return (is_a ? rows : n) * ((k + 31) / 32);
     int64_t nkb = (k + 127) / 128;
     return is_a ? rows * nkb : nkb * ((n + 127) / 128);
 }
@@ -139,14 +140,14 @@ static double bias_at(const fp8mix_gemm_args *g, int64_t j)
 static double *oracle(const fp8mix_gemm_args *g)
 {
     double *o = malloc((size_t)(g->m * g->n + 1) * sizeof(double));
-    int64_t nkb = (g->k + 127) / 128, nnb = (g->n + 127) / 128;
+    const int mx = g->scale_a_kind == FP8MIX_MM_SCALE_MX, blocked = mx || g->scale_a_kind == FP8MIX_MM_SCALE_BLOCK;
+    const int64_t bk = mx ? 32 : 128; /* K block of the scales */
+    int64_t nkb = (g->k + bk - 1) / bk, nnb = (g->n + 127) / 128;
     for (int64_t i = 0; i < g->m; i++)
         for (int64_t j = 0; j < g->n; j++) {
             double tot = 0.0;
-            for (int64_t p0 = 0; p0 < g->k || (p0 == 0 && g->k == 0); p0 += 128) {
-                int64_t p1 = g->scale_a_kind == FP8MIX_MM_SCALE_BLOCK
-                                 ? (p0 + 128 < g->k ? p0 + 128 : g->k)
-                                 : g->k;
+            for (int64_t p0 = 0; p0 < g->k || (p0 == 0 && g->k == 0); p0 += bk) {
+                int64_t p1 = blocked ? (p0 + bk < g->k ? p0 + bk : g->k) : g->k;
                 double s = 0.0;
                 for (int64_t p = p0; p < p1; p++) {
                     uint8_t bq = g->b_layout == FP8MIX_B_KN ? g->b[p * g->ldb + j]
@@ -154,7 +155,9 @@ static double *oracle(const fp8mix_gemm_args *g)
                     s += (double)fp8mix_decode_ref(fp8mix_gemm_a_at(g, i, p), g->fmt_a) *
                          (double)fp8mix_decode_ref(bq, g->fmt_b);
                 }
-                if (g->scale_a_kind == FP8MIX_MM_SCALE_BLOCK) {
+                if (mx) {
+                    tot += s * (double)(g->scale_a[i * nkb + p0 / bk] * g->scale_b[j * nkb + p0 / bk]);
+                } else if (g->scale_a_kind == FP8MIX_MM_SCALE_BLOCK) {
                     tot += s * (double)(g->scale_a[i * nkb + p0 / 128] *
                                         g->scale_b[(p0 / 128) * nnb + j / 128]);
                 } else {
@@ -350,6 +353,39 @@ static void test_row_tensor_scales(void)
         }
 }
 
+/* MX scales (32-deep K runs) through the blocked driver and every microkernel (the
+ * kernels' own MX mode and the driver's generic loop) against the plain-loop
+ * reference fp8mix_gemm_mx, bit for bit: K below, at and between 32-multiples,
+ * odd K, several K steps, ragged tiles, both layouts of each operand, every output
+ * dtype, bias, 1 to 4 threads on the larger shapes. */
+static void test_mx_shapes(void)
+{
+    static const int64_t shapes[][3] = {
+        {1, 1, 1},    {1, 1, 2},    {2, 3, 31},   {6, 16, 32},   {7, 17, 33},  {5, 15, 63},
+        {12, 32, 64}, {13, 33, 95}, {14, 31, 128}, {6, 16, 160}, {19, 45, 259}, {37, 50, 511},
+        {8, 40, 512}, {9, 23, 513}, {3, 100, 1100}, {30, 70, 2049},
+    };
+    int n = (int)(sizeof shapes / sizeof shapes[0]);
+    for (int s = 0; s < n; s++)
+        for (int c = 0; c < 4; c++) {
+            problem p;
+            fp8mix_dtype out_t = (fp8mix_dtype)((s + c) % 3);
+            make_problem(&p, shapes[s][0], shapes[s][1], shapes[s][2], (fp8mix_format)(c & 1),
+                         (fp8mix_format)((s + c) >> 1 & 1), (fp8mix_b_layout)((c >> 1) & 1), FP8MIX_MM_SCALE_MX,
+                         (s + c) & 1, out_t, FP8MIX_ACCUM_FP32, 0);
+            check_problem(&p, 0, 1e-6);
+            free_problem(&p);
+        }
+    static const int64_t big[][3] = {{150, 300, 400}, {40, 1030, 900}, {3, 100, 7001}};
+    for (int s = 0; s < (getenv("FP8MIX_QUICK") ? 1 : 3); s++) {
+        problem p;
+        make_problem(&p, big[s][0], big[s][1], big[s][2], FP8MIX_E4M3, FP8MIX_E4M3, (fp8mix_b_layout)(s & 1),
+                     FP8MIX_MM_SCALE_MX, 1, FP8MIX_F32, FP8MIX_ACCUM_FP32, 0);
+        check_problem(&p, 1, 1e-6);
+        free_problem(&p);
+    }
+}
+
 /* bf16 / f16 output with many rows: the float32 accumulator is capped, so the
  * columns come in several chunks. */
 static void test_acc_chunks(void)
@@ -447,6 +483,166 @@ static void report_coverage(void)
             if (uk_names[i] == uks[u]->name) runs = uk_runs[i];
         CHECK(runs > 0, "%s was never compared", uks[u]->name);
     }
+}
+
+/* ---- the AMX kernel (emulated tiles) and the NATIVE order ---------------- */
+
+/* One output's K run [p0, p1) in tdpbf16ps's order (fp8mix.h, fp8mix_gemm_order),
+ * written from the definition: per 32-deep chunk (aligned to p0) the even and the odd
+ * k's products summed apart from +0, then acc = acc + (even + odd). */
+static float amx_run(const fp8mix_gemm_args *g, int64_t i, int64_t j, int64_t p0, int64_t p1)
+{
+    const float *ta = fp8mix_decode_table(g->fmt_a), *tb = fp8mix_decode_table(g->fmt_b);
+    float acc = 0.0f;
+    for (int64_t c = p0; c < p1; c += 32) {
+        float ev = 0.0f, od = 0.0f;
+        for (int64_t k = c; k < c + 32 && k < p1; k++) {
+            float prod = ta[fp8mix_gemm_a_at(g, i, k)] * tb[fp8mix_gemm_b_at(g, k, j)];
+            if ((k - c) % 2 == 0) ev = ev + prod;
+            else od = od + prod;
+        }
+        acc = acc + (ev + od);
+    }
+    return acc;
+}
+
+/* The whole GEMM in the AMX order: K runs as gemm.c's rules (all of K, 128-deep
+ * BLOCK runs, 32-deep MX runs), the same epilogue. */
+static void amx_reference(const fp8mix_gemm_args *g)
+{
+    int mx = g->scale_a_kind == FP8MIX_MM_SCALE_MX, block = g->scale_a_kind == FP8MIX_MM_SCALE_BLOCK;
+    int64_t bk = mx ? 32 : 128, nkb = (g->k + bk - 1) / bk;
+    for (int64_t i = 0; i < g->m; i++)
+        for (int64_t j = 0; j < g->n; j++) {
+            float v = 0.0f;
+            if (!mx && !block) {
+                v = amx_run(g, i, j, 0, g->k);
+            } else {
+                for (int64_t kb = 0; kb < nkb; kb++) {
+                    int64_t p1 = (kb + 1) * bk < g->k ? (kb + 1) * bk : g->k;
+                    float s = mx ? g->scale_a[i * nkb + kb] * g->scale_b[j * nkb + kb]
+                                 : fp8mix_gemm_block_scale(g, i, kb, j);
+                    v = v + amx_run(g, i, j, kb * bk, p1) * s;
+                }
+            }
+            fp8mix_gemm_epilogue(g, i, 1, j, 1, &v, 1);
+        }
+}
+
+/* The NATIVE bound (docs/gemm_order.md): with unit scales and no bias, every output
+ * s of a K-deep run whose products pass through at most D float32 additions obeys
+ * |s - sum a_k b_k| <= gamma_D * sum |a_k b_k|, gamma_D = D u / (1 - D u), u = 2^-24.
+ * Returns the outputs beyond it. */
+static long beyond_bound(const fp8mix_gemm_args *g, const float *out, double depth)
+{
+    /* the float64 reference's own error (below K * 2^-53 * sum |a_k b_k|) is added */
+    double u = ldexp(1.0, -24), gam = depth * u / (1.0 - depth * u) + 1.01 * (double)g->k * ldexp(1.0, -53);
+    long bad = 0;
+    for (int64_t i = 0; i < g->m; i++)
+        for (int64_t j = 0; j < g->n; j++) {
+            double s = 0.0, mag = 0.0;
+            for (int64_t p = 0; p < g->k; p++) {
+                double t = (double)fp8mix_decode_ref(fp8mix_gemm_a_at(g, i, p), g->fmt_a) *
+                           (double)fp8mix_decode_ref(fp8mix_gemm_b_at(g, p, j), g->fmt_b);
+                s += t;
+                mag += fabs(t);
+            }
+            bad += fabs((double)out[i * g->ldo + j] - s) > gam * mag;
+        }
+    return bad;
+}
+
+/* The emulated AMX kernel through the blocked driver against amx_reference, bit for
+ * bit, over every scale kind, both layouts of each operand, every output dtype, bias,
+ * ragged tiles, K around the 32-deep chunks and several K steps, 1 to 4 threads; and,
+ * where this CPU has AMX, the hardware kernel against the emulated one. */
+static void test_amx_kernel(void)
+{
+    static const int64_t shapes[][3] = {{1, 1, 1},    {3, 5, 31},    {32, 32, 32},  {33, 31, 33}, {17, 40, 64},
+                                        {40, 70, 130}, {31, 33, 257}, {64, 64, 512}, {5, 100, 700}};
+    const fp8mix_gemm_ukernel *emu = fp8mix_gemm_ukernel_amx_emulated(), *hw = fp8mix_gemm_ukernel_amx_hardware();
+    long runs = 0, hw_runs = 0;
+    for (int s = 0; s < (int)(sizeof shapes / sizeof shapes[0]); s++)
+        for (int kind = 0; kind < 4; kind++) {
+            problem p;
+            fp8mix_dtype out_t = (fp8mix_dtype)((s + kind) % 3);
+            make_problem(&p, shapes[s][0], shapes[s][1], shapes[s][2], (fp8mix_format)(kind & 1),
+                         (fp8mix_format)(s & 1), (fp8mix_b_layout)((s + kind) & 1), (fp8mix_mm_scale)kind,
+                         (s + kind) & 1, out_t, FP8MIX_ACCUM_FP32, 0);
+            fp8mix_gemm_args g = p.g;
+            size_t nb = out_bytes(&g);
+            void *want = calloc(1, nb), *got = calloc(1, nb), *got_hw = calloc(1, nb);
+            g.out = want;
+            amx_reference(&g);
+            for (int t = 1; t <= (shapes[s][0] * shapes[s][1] * shapes[s][2] > 100000 ? 4 : 1); t++) {
+                fp8mix_set_num_threads(t);
+                memset(got, 0, nb);
+                g.out = got;
+                fp8mix_status st = fp8mix_gemm_blocked_with(&g, emu);
+                runs++;
+                CHECK(st == FP8MIX_OK && same_out(&g, want, got), "amx emu threads=%d m=%lld n=%lld k=%lld kind=%d out=%d",
+                      t, (long long)g.m, (long long)g.n, (long long)g.k, kind, out_t);
+                if (hw) {
+                    memset(got_hw, 0, nb);
+                    g.out = got_hw;
+                    st = fp8mix_gemm_blocked_with(&g, hw);
+                    hw_runs++;
+                    CHECK(st == FP8MIX_OK && same_out(&g, got, got_hw),
+                          "AMX hardware vs emulation: m=%lld n=%lld k=%lld kind=%d", (long long)g.m, (long long)g.n,
+                          (long long)g.k, kind);
+                }
+            }
+            fp8mix_set_num_threads(0);
+            free(want);
+            free(got);
+            free(got_hw);
+            free_problem(&p);
+        }
+    printf("AMX kernel: emulation vs the tdpbf16ps order %ld runs; hardware vs emulation: %s (%ld runs)\n", runs,
+           hw ? "compared" : "no AMX on this CPU / OS / build", hw_runs);
+}
+
+/* The error bound of docs/gemm_order.md on hard data (E5M2's wide range, both signs):
+ * the emulated AMX kernel with D = 16 + ceil(K/32), every kernel and order this CPU
+ * runs with D = K (the canonical order's depth, which bounds every native kernel's);
+ * and the NATIVE order: the same bits run to run and for 1 to 4 threads. */
+static void test_native_order(void)
+{
+    static const int64_t shapes[][3] = {{7, 9, 5000}, {40, 33, 1024}, {64, 64, 300}};
+    for (int s = 0; s < 3; s++) {
+        problem p;
+        make_problem(&p, shapes[s][0], shapes[s][1], shapes[s][2], FP8MIX_E5M2, FP8MIX_E5M2, (fp8mix_b_layout)(s & 1),
+                     FP8MIX_MM_SCALE_TENSOR, 0, FP8MIX_F32, FP8MIX_ACCUM_FP32, 0);
+        p.sa[0] = p.sb[0] = 1.0f;
+        fp8mix_gemm_args g = p.g;
+        size_t nb = out_bytes(&g);
+        float *a = calloc(1, nb), *b = calloc(1, nb);
+        int64_t K = g.k;
+        g.out = a;
+        CHECK(fp8mix_gemm_blocked_with(&g, fp8mix_gemm_ukernel_amx_emulated()) == FP8MIX_OK, "amx emu");
+        long bad = beyond_bound(&g, a, 16.0 + (double)((K + 31) / 32));
+        CHECK(bad == 0, "AMX order: %ld outputs beyond gamma_(16 + K/32) at k=%lld", bad, (long long)K);
+        g.order = FP8MIX_GEMM_NATIVE;
+        CHECK(fp8mix_gemm(&g) == FP8MIX_OK, "native");
+        bad = beyond_bound(&g, a, (double)K);
+        CHECK(bad == 0, "NATIVE order: %ld outputs beyond gamma_K at k=%lld", bad, (long long)K);
+        for (int t = 1; t <= 4; t++) {
+            fp8mix_set_num_threads(t);
+            for (int rep = 0; rep < 2; rep++) {
+                memset(b, 0, nb);
+                g.out = b;
+                CHECK(fp8mix_gemm(&g) == FP8MIX_OK && same_out(&g, a, b), "NATIVE not deterministic: threads=%d rep=%d",
+                      t, rep);
+            }
+        }
+        fp8mix_set_num_threads(0);
+        g.order = (fp8mix_gemm_order)2;
+        CHECK(fp8mix_gemm(&g) == FP8MIX_ERR_BAD_ENUM, "an unknown order is refused");
+        free(a);
+        free(b);
+        free_problem(&p);
+    }
+    printf("NATIVE order kernel here: %s\n", fp8mix_gemm_ukernel_native()->name);
 }
 
 static void test_k_zero(void)
@@ -626,6 +822,9 @@ int main(void)
     test_shapes();
     test_threads();
     test_row_tensor_scales();
+    test_mx_shapes();
+    test_amx_kernel();
+    test_native_order();
     test_acc_chunks();
     test_k_zero();
     test_fp22();

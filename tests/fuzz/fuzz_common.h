@@ -334,7 +334,8 @@ static inline int isa_list(fp8mix_isa *out)
 {
     int n = 0;
     fp8mix_isa best = fp8mix_cpu_isa();
-    for (int i = FP8MIX_ISA_SCALAR; i <= (int)best; i++) out[n++] = (fp8mix_isa)i;
+    /* (AMX adds a GEMM kernel of another order only, never a variant of these ops) */
+    for (int i = FP8MIX_ISA_SCALAR; i <= (int)best && i <= FP8MIX_ISA_AVX512BF16; i++) out[n++] = (fp8mix_isa)i;
     return n;
 }
 

@@ -26,13 +26,14 @@
 
 #define SENT 0xA5
 
-static int kind_valid(int k) { return k >= 0 && k <= 2; }
+static int kind_valid(int k) { return k >= 0 && k <= 3; }
 
 static int64_t nscale(int kind, int64_t m, int64_t n, int64_t k, int is_a)
 {
     int64_t kb = k / 128 + (k % 128 != 0);
     if (kind == FP8MIX_MM_SCALE_TENSOR) return 1;
     if (kind == FP8MIX_MM_SCALE_OUTER) return is_a ? m : n;
+    if (kind == FP8MIX_MM_SCALE_MX) return (is_a ? m : n) * (k / 32 + (k % 32 != 0));
     return is_a ? m * kb : kb * (n / 128 + (n % 128 != 0));
 }
 
@@ -116,7 +117,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     uint8_t k2 = fz_u8(&f);
     int ka = (int)(k2 % 3), kb = (int)((k2 / 3) % 3);
     if ((k2 & 0xC0) != 0xC0 && (ka == 2 || kb == 2)) ka = kb = 2; /* mostly consistent BLOCK */
-    if ((fz_u8(&f) & 31) == 31) ka = 4 + (int)fz_below(&f, 3); /* invalid kinds (3 is MX, tested in test_mx.c) */
+    if ((k2 & 0xC0) == 0x80) ka = kb = 3;                      /* MX on both (the blocked driver's MX path) */
+    else if ((k2 & 0xC0) == 0x40 && (k2 & 1)) ka = 3;          /* MX on one operand: BAD_ARG */
+    if ((fz_u8(&f) & 31) == 31) ka = 4 + (int)fz_below(&f, 3); /* invalid kinds */
     uint8_t k3 = fz_u8(&f);
     int accum = (k3 & 1), bias_kind = (int)((k3 >> 1) & 3); /* 0: none, else bias_t = kind - 1 */
     int bias_t = bias_kind ? bias_kind - 1 : 0;
@@ -193,7 +196,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (!fmt_valid(fmt_a) || !fmt_valid(fmt_b) || !dtype_valid(out_t) || !kind_valid(ka) || !kind_valid(kb) ||
         (lay != 0 && lay != 1) || (alay != 0 && alay != 1) || (BIAS && !dtype_valid(bias_t)))
         exp_must(&e, FP8MIX_ERR_BAD_ENUM);
-    if (kind_valid(ka) && kind_valid(kb) && ((ka == 2) != (kb == 2))) exp_must(&e, FP8MIX_ERR_BAD_ARG);
+    if (kind_valid(ka) && kind_valid(kb) && ((ka == 2) != (kb == 2) || (ka == 3) != (kb == 3)))
+        exp_must(&e, FP8MIX_ERR_BAD_ARG);
+    if (ka == 3 && accum == FP8MIX_ACCUM_FP22) exp_must(&e, FP8MIX_ERR_UNSUPPORTED);
     if (interval < 0) exp_must(&e, FP8MIX_ERR_BAD_ARG);
     exp_shape(&e, a_rows, a_cols, lda, 1);
     exp_shape(&e, b_rows, b_cols, ldb, 1);
@@ -255,6 +260,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             FUZZ_CHECK(fp8mix_gemm_blocked_with(&g, uks[u]) == FP8MIX_OK, "[%s] status (%s)", uks[u]->name, what);
             compare_out(out, ref, o_bytes, oes, M, N, ldo, out_t, uks[u]->name, what);
         }
+        /* the emulated AMX kernel (another order: no reference bytes, but the same memory
+         * safety) and the NATIVE order: fp8mix_gemm's status, the same bits twice */
+        if (((M + 31) / 32) * ((N + 31) / 32) * K <= 4096) { /* the emulation's tiles are slow: small shapes */
+            memset(out, SENT, o_bytes ? o_bytes : 1);
+            g.out = out;
+            FUZZ_CHECK(fp8mix_gemm_blocked_with(&g, fp8mix_gemm_ukernel_amx_emulated()) == FP8MIX_OK,
+                       "[amx emu] (%s)", what);
+        }
+        g.order = FP8MIX_GEMM_NATIVE;
+        uint8_t *again = (uint8_t *)xmalloc(o_bytes ? o_bytes : 1, SENT);
+        memset(out, SENT, o_bytes ? o_bytes : 1);
+        FUZZ_CHECK(fp8mix_gemm(&g) == FP8MIX_OK, "[native] status (%s)", what);
+        g.out = again;
+        FUZZ_CHECK(fp8mix_gemm(&g) == FP8MIX_OK && memcmp(out, again, o_bytes) == 0, "[native] not the same bits (%s)",
+                   what);
+        free(again);
+        g.order = FP8MIX_GEMM_CANONICAL;
     }
     free(A); free(B); free(SA); free(SB); free(BIAS); free(ref); free(out);
     return 0;

@@ -118,3 +118,43 @@ def test_mx_scaled_mm_against_float64():
         fp8mix.scaled_mm(a8, fp8mix.quantize(w, Format.E4M3))
     yb = fp8mix.scaled_mm(a8, w8, bias=bias, out_dtype=torch.bfloat16)
     assert torch.equal(yb, y.bfloat16())  # one rounding of the same float32 value (bias added before it)
+
+
+def _canonical_mx_mm(a8, w8, bias):
+    """The MX GEMM's documented float32 order, written with torch's float32 ops: per 32-deep
+    K block a partial sum started at +0 that adds the exact products in pairs (k+1, then k),
+    each add rounded; acc = acc + part * (sa * sb); then + bias."""
+    a = a8.data.float()  # FP8 -> float32 is exact
+    b = w8.data.float()
+    sa, sb = a8.scale_inv.float(), w8.scale_inv.float()
+    M, K = a.shape
+    acc = torch.zeros(M, b.shape[0])
+    for kb in range(0, K, 32):
+        part = torch.zeros_like(acc)
+        for p in range(kb, min(kb + 32, K), 2):
+            if p + 1 < min(kb + 32, K):
+                part = part + a[:, p + 1, None] * b[None, :, p + 1]
+            part = part + a[:, p, None] * b[None, :, p]
+        acc = acc + part * (sa[:, kb // 32, None] * sb[None, :, kb // 32])
+    return acc + bias
+
+
+@pytest.mark.parametrize("shape", [(20, 24, 100), (37, 70, 600), (15, 33, 1030)])
+@pytest.mark.parametrize("threads", [1, 3])
+def test_mx_scaled_mm_canonical_order_bit_exact(shape, threads):
+    """The blocked MX GEMM (every tile, K step and thread count) gives the bytes of the
+    documented order, computed here with torch's own float32 arithmetic."""
+    M, N, K = shape
+    g = torch.Generator().manual_seed(M + K)
+    a = torch.randn(M, K, generator=g) * torch.logspace(-3, 3, K)
+    w = torch.randn(N, K, generator=g)
+    bias = torch.randn(N, generator=g)
+    a8 = fp8mix.quantize(a, Format.E4M3, granularity="mx")
+    w8 = fp8mix.quantize(w, Format.E5M2, granularity="mx")
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        y = fp8mix.scaled_mm(a8, w8, bias=bias)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(y.view(torch.int32), _canonical_mx_mm(a8, w8, bias).view(torch.int32))

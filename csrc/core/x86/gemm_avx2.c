@@ -52,7 +52,7 @@ static inline __attribute__((always_inline)) void prefetch_next_tile(const float
  * gemm_internal.h's fp8mix_gemm_ukernel_fn and fp8mix_gemm_ukernel_final_fn. */
 static inline __attribute__((always_inline)) void
 ukernel_6x16(int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc, int load_c, const float *rs,
-             const float *s, const float *bias)
+             const float *s, const float *bias, const float *cs)
 {
     const float *a = (const float *)ap, *b = (const float *)bp;
     int init = load_c && !rs;
@@ -117,14 +117,18 @@ ukernel_6x16(int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc, 
 #undef STORE
         return;
     }
-    /* Block scales: C = (load_c ? C : +0) + part * rs[r], mul then add. */
+    /* Block scales: C = (load_c ? C : +0) + part * rs[r], mul then add; MX (cs, the
+     * columns' scales): C = (load_c ? C : +0) + part * (rs[r] * cs[c]). */
+    __m256 cs0 = cs ? _mm256_loadu_ps(cs) : _mm256_setzero_ps();
+    __m256 cs1 = cs ? _mm256_loadu_ps(cs + 8) : _mm256_setzero_ps();
 #define SCALE(r)                                                                   \
     {                                                                              \
-        __m256 s = _mm256_set1_ps(rs[r]);                                          \
+        __m256 s0 = _mm256_set1_ps(rs[r]), s1 = s0;                                \
+        if (cs) s0 = _mm256_mul_ps(s0, cs0), s1 = _mm256_mul_ps(s1, cs1);          \
         __m256 o0 = load_c ? _mm256_loadu_ps(c + r * ldc) : _mm256_setzero_ps();   \
         __m256 o1 = load_c ? _mm256_loadu_ps(c + r * ldc + 8) : _mm256_setzero_ps(); \
-        _mm256_storeu_ps(c + r * ldc, _mm256_add_ps(o0, _mm256_mul_ps(c##r##0, s)));     \
-        _mm256_storeu_ps(c + r * ldc + 8, _mm256_add_ps(o1, _mm256_mul_ps(c##r##1, s))); \
+        _mm256_storeu_ps(c + r * ldc, _mm256_add_ps(o0, _mm256_mul_ps(c##r##0, s0)));     \
+        _mm256_storeu_ps(c + r * ldc + 8, _mm256_add_ps(o1, _mm256_mul_ps(c##r##1, s1))); \
     }
     ROWS6(SCALE)
 #undef SCALE
@@ -133,7 +137,7 @@ ukernel_6x16(int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc, 
 void fp8mix_gemm_ukernel_f32_6x16__avx2(int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc, int load_c,
                                         const float *rs)
 {
-    ukernel_6x16(kc, ap, bp, c, ldc, load_c, rs, NULL, NULL);
+    ukernel_6x16(kc, ap, bp, c, ldc, load_c, rs, NULL, NULL, NULL);
 }
 
 /* One row's block epilogue in assembly: C[r] = C[r] + part * rs[r] (mul, then add with
@@ -205,13 +209,27 @@ void fp8mix_gemm_ukernel_blocks_f32_6x16__avx2(int64_t kc, const void *ap, const
     if (q0 > 0) blocks_6x16_asm(q0, a, b, c, ldc, rs);
     for (int64_t q = q0; q * 128 < kc; q++) {
         int64_t kk = kc - q * 128;
-        ukernel_6x16(kk + (kk & 1), a + q * 128 * 6, b + q * 128 * 16, c, ldc, 1, rs + q * 6, NULL, NULL);
+        ukernel_6x16(kk + (kk & 1), a + q * 128 * 6, b + q * 128 * 16, c, ldc, 1, rs + q * 6, NULL, NULL, NULL);
+    }
+}
+
+/* MX scales over a whole K step: one kernel pass per 32-deep block, its part scaled
+ * by (sa[r] * sb[c]) and added into C while the part is still in registers. */
+void fp8mix_gemm_ukernel_mx_f32_6x16__avx2(int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc,
+                                           int load_c, const float *sa, const float *sb)
+{
+    const float *a = (const float *)ap, *b = (const float *)bp;
+    prefetch_next_tile(c, ldc);
+    for (int64_t q = 0; q * 32 < kc; q++) {
+        int64_t kk = kc - q * 32 < 32 ? kc - q * 32 : 32; /* even: kc is */
+        ukernel_6x16(kk, a + q * 32 * 6, b + q * 32 * 16, c, ldc, load_c || q > 0, sa + q * 6, NULL, NULL,
+                     sb + q * 16);
     }
 }
 
 void fp8mix_gemm_ukernel_final_f32_6x16__avx2(int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc,
                                               int load_c, const float *s, const float *bias)
 {
-    ukernel_6x16(kc, ap, bp, c, ldc, load_c, NULL, s, bias);
+    ukernel_6x16(kc, ap, bp, c, ldc, load_c, NULL, s, bias, NULL);
 }
 #endif /* FP8MIX_X86 */

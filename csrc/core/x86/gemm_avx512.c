@@ -11,15 +11,15 @@
 
 #define ROWS14(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13)
 
-void fp8mix_gemm_ukernel_f32_14x32__avx512(int64_t kc, const void *ap, const void *bp,
-                                           float *c, int64_t ldc, int load_c,
-                                           const float *rs)
+static inline __attribute__((always_inline)) void
+ukernel_f32_14x32(int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc, int load_c, const float *rs,
+                  const float *cs)
 {
     const float *a = (const float *)ap, *b = (const float *)bp;
     int init = load_c && !rs;
     /* The driver's next tile is usually the next 14 rows of C: start fetching
      * it into L2 now (C rows are often 4 KiB multiples apart and collide in L1). */
-    for (int r = 0; r < 14; r++) {
+    for (int r = 0; r < 14 && !cs; r++) { /* (MX: once per tile, by the caller) */
         _mm_prefetch((const char *)(c + (14 + r) * ldc), _MM_HINT_T1);
         _mm_prefetch((const char *)(c + (14 + r) * ldc + 31), _MM_HINT_T1);
     }
@@ -60,16 +60,42 @@ void fp8mix_gemm_ukernel_f32_14x32__avx512(int64_t kc, const void *ap, const voi
 #undef STORE
         return;
     }
-    /* Block scales: C = (load_c ? C : +0) + part * rs[r], mul then add. */
+    /* Block scales: C = (load_c ? C : +0) + part * rs[r], mul then add; MX (cs, the
+     * columns' scales): C = (load_c ? C : +0) + part * (rs[r] * cs[c]). */
 #define SCALE(r)                                                                    \
     {                                                                               \
-        __m512 s = _mm512_set1_ps(rs[r]);                                           \
+        __m512 s0 = _mm512_set1_ps(rs[r]), s1 = s0;                                 \
+        if (cs) s0 = _mm512_mul_ps(s0, _mm512_loadu_ps(cs)), s1 = _mm512_mul_ps(s1, _mm512_loadu_ps(cs + 16)); \
         __m512 o0 = load_c ? _mm512_loadu_ps(c + r * ldc) : _mm512_setzero_ps();    \
         __m512 o1 = load_c ? _mm512_loadu_ps(c + r * ldc + 16) : _mm512_setzero_ps(); \
-        _mm512_storeu_ps(c + r * ldc, _mm512_add_ps(o0, _mm512_mul_ps(c##r##0, s)));      \
-        _mm512_storeu_ps(c + r * ldc + 16, _mm512_add_ps(o1, _mm512_mul_ps(c##r##1, s))); \
+        _mm512_storeu_ps(c + r * ldc, _mm512_add_ps(o0, _mm512_mul_ps(c##r##0, s0)));      \
+        _mm512_storeu_ps(c + r * ldc + 16, _mm512_add_ps(o1, _mm512_mul_ps(c##r##1, s1))); \
     }
     ROWS14(SCALE)
 #undef SCALE
+}
+
+void fp8mix_gemm_ukernel_f32_14x32__avx512(int64_t kc, const void *ap, const void *bp,
+                                           float *c, int64_t ldc, int load_c,
+                                           const float *rs)
+{
+    ukernel_f32_14x32(kc, ap, bp, c, ldc, load_c, rs, NULL);
+}
+
+/* MX scales over a whole K step (gemm_internal.h's fp8mix_gemm_ukernel_mx_fn): one
+ * kernel pass per 32-deep block, its part scaled and added into C from registers. */
+void fp8mix_gemm_ukernel_mx_f32_14x32__avx512(int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc,
+                                              int load_c, const float *sa, const float *sb)
+{
+    const unsigned char *a = (const unsigned char *)ap, *b = (const unsigned char *)bp;
+    for (int r = 0; r < 14; r++) {
+        _mm_prefetch((const char *)(c + (14 + r) * ldc), _MM_HINT_T1);
+        _mm_prefetch((const char *)(c + (14 + r) * ldc + 31), _MM_HINT_T1);
+    }
+    for (int64_t q = 0; q * 32 < kc; q++) { /* a block: 32 k-steps of 14 A and 32 B values, 4 bytes each */
+        int64_t kk = kc - q * 32 < 32 ? kc - q * 32 : 32; /* even: kc is */
+        ukernel_f32_14x32(kk, a + q * 32 * 14 * 4, b + q * 32 * 32 * 4, c, ldc, load_c || q > 0, sa + q * 14,
+                          sb + q * 32);
+    }
 }
 #endif /* FP8MIX_X86 */

@@ -21,14 +21,13 @@ static inline __m512bh bcast_pair(const unsigned char *a)
     return (__m512bh)_mm512_set1_epi32(w);
 }
 
-void fp8mix_gemm_ukernel_bf16_14x32__avx512bf16(int64_t kc, const void *ap,
-                                                const void *bp, float *c,
-                                                int64_t ldc, int load_c,
-                                                const float *rs)
+static inline __attribute__((always_inline)) void
+ukernel_bf16_14x32(int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc, int load_c, const float *rs,
+                   const float *cs)
 {
     const unsigned char *a = (const unsigned char *)ap, *b = (const unsigned char *)bp;
     int init = load_c && !rs;
-    for (int r = 0; r < 14; r++) { /* the next tile's C, as in gemm_avx512.c */
+    for (int r = 0; r < 14 && !cs; r++) { /* the next tile's C, as in gemm_avx512.c (MX: once per tile) */
         _mm_prefetch((const char *)(c + (14 + r) * ldc), _MM_HINT_T1);
         _mm_prefetch((const char *)(c + (14 + r) * ldc + 31), _MM_HINT_T1);
     }
@@ -68,17 +67,44 @@ void fp8mix_gemm_ukernel_bf16_14x32__avx512bf16(int64_t kc, const void *ap,
 #undef STORE
         return;
     }
-    /* Block scales: C = (load_c ? C : +0) + part * rs[r], mul then add. */
+    /* Block scales: C = (load_c ? C : +0) + part * rs[r], mul then add; MX (cs, the
+     * columns' scales): C = (load_c ? C : +0) + part * (rs[r] * cs[c]). */
 #define SCALE(r)                                                                    \
     {                                                                               \
-        __m512 s = _mm512_set1_ps(rs[r]);                                           \
+        __m512 s0 = _mm512_set1_ps(rs[r]), s1 = s0;                                 \
+        if (cs) s0 = _mm512_mul_ps(s0, _mm512_loadu_ps(cs)), s1 = _mm512_mul_ps(s1, _mm512_loadu_ps(cs + 16)); \
         __m512 o0 = load_c ? _mm512_loadu_ps(c + r * ldc) : _mm512_setzero_ps();    \
         __m512 o1 = load_c ? _mm512_loadu_ps(c + r * ldc + 16) : _mm512_setzero_ps(); \
-        _mm512_storeu_ps(c + r * ldc, _mm512_add_ps(o0, _mm512_mul_ps(c##r##0, s)));      \
-        _mm512_storeu_ps(c + r * ldc + 16, _mm512_add_ps(o1, _mm512_mul_ps(c##r##1, s))); \
+        _mm512_storeu_ps(c + r * ldc, _mm512_add_ps(o0, _mm512_mul_ps(c##r##0, s0)));      \
+        _mm512_storeu_ps(c + r * ldc + 16, _mm512_add_ps(o1, _mm512_mul_ps(c##r##1, s1))); \
     }
     ROWS14(SCALE)
 #undef SCALE
+}
+
+void fp8mix_gemm_ukernel_bf16_14x32__avx512bf16(int64_t kc, const void *ap,
+                                                const void *bp, float *c,
+                                                int64_t ldc, int load_c,
+                                                const float *rs)
+{
+    ukernel_bf16_14x32(kc, ap, bp, c, ldc, load_c, rs, NULL);
+}
+
+/* MX scales over a whole K step (gemm_internal.h's fp8mix_gemm_ukernel_mx_fn): one
+ * kernel pass per 32-deep block, its part scaled and added into C from registers. */
+void fp8mix_gemm_ukernel_mx_bf16_14x32__avx512bf16(int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc,
+                                                   int load_c, const float *sa, const float *sb)
+{
+    const unsigned char *a = (const unsigned char *)ap, *b = (const unsigned char *)bp;
+    for (int r = 0; r < 14; r++) {
+        _mm_prefetch((const char *)(c + (14 + r) * ldc), _MM_HINT_T1);
+        _mm_prefetch((const char *)(c + (14 + r) * ldc + 31), _MM_HINT_T1);
+    }
+    for (int64_t q = 0; q * 32 < kc; q++) { /* a block: 16 pairs of 14 A and 32 B words, 4 bytes each */
+        int64_t kk = kc - q * 32 < 32 ? kc - q * 32 : 32; /* even: kc is */
+        ukernel_bf16_14x32(kk, a + q * 16 * 14 * 4, b + q * 16 * 32 * 4, c, ldc, load_c || q > 0, sa + q * 14,
+                           sb + q * 32);
+    }
 }
 #elif FP8MIX_X86
 /* Built without AVX512_BF16 support: never selected. */
@@ -89,5 +115,10 @@ void fp8mix_gemm_ukernel_bf16_14x32__avx512bf16(int64_t kc, const void *ap,
                                                 const float *rs)
 {
     (void)kc; (void)ap; (void)bp; (void)c; (void)ldc; (void)load_c; (void)rs;
+}
+void fp8mix_gemm_ukernel_mx_bf16_14x32__avx512bf16(int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc,
+                                                   int load_c, const float *sa, const float *sb)
+{
+    (void)kc; (void)ap; (void)bp; (void)c; (void)ldc; (void)load_c; (void)sa; (void)sb;
 }
 #endif

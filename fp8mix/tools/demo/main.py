@@ -244,7 +244,14 @@ def _write_outputs(args, desc: str, results: list, gaps: dict, seeds: list, extr
 
 
 def run(args: argparse.Namespace) -> int:
-    """Entry point of `python -m fp8mix demo` (args from fp8mix.tools.cli). Returns the exit code."""
+    """Entry point of `python -m fp8mix demo` (args from fp8mix.tools.cli). Returns the exit code.
+    The CPU GEMMs sum in the canonical order: the demo's losses and checkpoints are the same
+    bytes on every machine (docs/gemm_order.md)."""
+    with fp8mix.using_gemm_order("canonical"):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     t_start = time.perf_counter()
     names, choices, device = _prepare(args)
     corpus, desc = load_corpus(args.data)
