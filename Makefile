@@ -161,6 +161,9 @@ cuda-ops-check:
 $(VENV)/.ready: requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q -r requirements-dev.txt
+	# DeepSpeed (the ZeRO-2 integration test): its setup imports torch, so no build isolation
+	# (which would fetch another torch), and no ops compiled at install
+	DS_BUILD_OPS=0 $(VENV)/bin/pip install -q --no-build-isolation torch==2.13.0 deepspeed==0.19.8
 	touch $@
 
 venv: $(VENV)/.ready
