@@ -7,8 +7,9 @@ recipe is NVFP4; everything numeric is fp8mix.nvfp4's (the C core's).
     wgrad    dW   = Q_sr(H dy^T) Q(H x^T)^T                   (H: the 16-point RHT along tokens)
 
 A checkpointed forward leaves its recipe in the module's replay queue (fp8mix.nn.recompute)
-so that the recompute, which runs outside fp8_autocast, repeats it. Tokens are padded with zero rows to a multiple of 16 for wgrad (zeros add nothing to the
-product). The stochastic words come from the layer's fp8_rng stream [key, offset], read
+so that the recompute, which runs outside fp8_autocast, repeats it. Tokens are padded with
+zero rows to a multiple of 16 for wgrad (zeros add nothing to the product). The stochastic
+words come from the layer's fp8_rng stream [key, offset], read
 and advanced in backward: a recompute of the forward (activation checkpointing) draws
 nothing, so it changes nothing.
 """
