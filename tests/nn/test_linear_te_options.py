@@ -64,10 +64,14 @@ def test_return_bias_returns_the_bias_instead_of_adding_it(recipe):
 
 def test_te_options_ignored_and_refused():
     fp8mix.Linear(32, 48, get_rng_state_tracker=None, name="proj")  # accepted, no meaning here
-    with pytest.raises(NotImplementedError, match="sequence parallelism"):
-        fp8mix.Linear(32, 48, sequence_parallel=True)
-    with pytest.raises(NotImplementedError, match="tensor parallelism"):
-        fp8mix.Linear(32, 48, parallel_mode="column")
+    # TE's tensor-parallel options on one process (tp_size 1): the layer is whole, as in TE
+    # (tests/distributed/test_tensor_parallel.py runs them on 2 processes)
+    lone = fp8mix.Linear(32, 48, parallel_mode="column", sequence_parallel=True)
+    assert type(lone.weight) is torch.nn.Parameter and lone.weight.shape == (48, 32)
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        fp8mix.Linear(32, 48, tp_size=2, parallel_mode="row")
+    with pytest.raises(ValueError, match="parallel_mode must be 'column', 'row' or None"):
+        fp8mix.Linear(32, 48, parallel_mode="colwise")
     with pytest.raises(NotImplementedError, match="userbuffer"):
         fp8mix.Linear(32, 48, ub_overlap_ag=True)
     with pytest.raises(TypeError, match="unexpected keyword argument 'bogus'"):
