@@ -13,6 +13,8 @@ workers), on the same batches:
   sp_delayed              LayerNorm + MLP with sequence parallel: SequenceParallel on the
                           norm, PrepareFloat8ModuleInput (Shard(1) -> Replicate: the
                           all-gather), fc2 reduce-scatters to Shard(1)
+  hp                      outside fp8_autocast: against torch's TP of the nn.Linear model
+  accum                   2 micro-batches per step (is_first_microbatch True / False)
   te_{tp,sp}              fp8mix.Linear built with Transformer Engine's arguments
                           (tp_group, tp_size, parallel_mode, sequence_parallel) on [s, b, h]
   dcp                     the mlp_delayed model after its steps, saved with
@@ -78,8 +80,9 @@ class MLP(nn.Module):
         super().__init__()
         self.fc1, self.fc2 = nn.Linear(D, H), nn.Linear(H, D)
 
-    def forward(self, x):
-        return self.fc2(F.gelu(self.fc1(x)))
+    def forward(self, x, is_first_microbatch=None):
+        kw = {} if is_first_microbatch is None else {"is_first_microbatch": is_first_microbatch}
+        return self.fc2(F.gelu(self.fc1(x, **kw)), **kw)
 
 
 class NormMLP(nn.Module):
@@ -161,20 +164,25 @@ def fp8_state(model) -> dict:
     return out
 
 
-def train(model, kind: str, steps: int, *, first: int = 0, opt=None, shard=None, gather=None, layout="bsd"):
+def train(model, kind: str, steps: int, *, first: int = 0, opt=None, shard=None, gather=None, layout="bsd",
+          fp8: bool = True, micro: int = 1):
     """`steps` AdamW steps from batch `first` on; per step the (whole) output, the input's
     gradient and every parameter's gradient; then the parameters and the FP8 state.
-    shard(t): the rank's part of a whole batch tensor; gather(t): the whole from parts."""
+    shard(t): the rank's part of a whole batch tensor; gather(t): the whole from parts.
+    fp8=False: outside fp8_autocast. micro=2: two micro-batches per step, accumulating the
+    gradients, the FP8 weight cast on the first and kept for the second
+    (is_first_microbatch True / False); the last micro-batch's y and dx are kept."""
     opt = opt or torch.optim.AdamW(model.parameters(), lr=1e-2)
     shard, gather = shard or (lambda t: t), gather or (lambda t: t)
     res: dict = {"y": [], "dx": [], "grads": [], "loss": []}
     for s in range(first, first + steps):
-        x, r = batch(s, layout)
-        xl = shard(x).requires_grad_()
-        with fp8mix.fp8_autocast(enabled=True, fp8_recipe=recipe(kind)):
-            y = model(xl)
-        loss = (y * shard(r)).sum()
-        loss.backward()
+        for k in range(micro):
+            x, r = batch(micro * s + k, layout)
+            xl = shard(x).requires_grad_()
+            with fp8mix.fp8_autocast(enabled=fp8, fp8_recipe=recipe(kind)):
+                y = model(xl) if micro == 1 else model(xl, is_first_microbatch=(k == 0))
+            loss = (y * shard(r)).sum()
+            loss.backward()
         res["y"].append(gather(y.detach()))
         res["dx"].append(gather(xl.grad))
         res["grads"].append({n: _full(p.grad).clone() for n, p in model.named_parameters()})
@@ -229,6 +237,26 @@ def _run_tp(model_kind: str, kind: str):
     res["weight_local_shape"] = {n: tuple(p.to_local().shape) for n, p in model.named_parameters()
                                  if n.endswith("weight")}
     return res
+
+
+def _run_hp():
+    """Outside fp8_autocast: fp8mix's TP layers against torch's TP of the nn.Linear model."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import parallelize_module
+    mesh = init_device_mesh("cpu", (2,))
+    ours, plain = build("mlp"), MLP()
+    plain.load_state_dict({k: v for k, v in ours.state_dict().items() if not k.split(".")[-1].startswith("fp8_")})
+    for m in (ours, plain):
+        parallelize_module(m, mesh, _plan("mlp"))
+    return {"fp8mix": train(ours, "current", STEPS, fp8=False), "torch": train(plain, "current", STEPS, fp8=False)}
+
+
+def _run_accum():
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import parallelize_module
+    model = build("mlp")
+    parallelize_module(model, init_device_mesh("cpu", (2,)), _plan("mlp"))
+    return train(model, "delayed", STEPS, micro=2)
 
 
 def _run_te(sp: bool):
@@ -333,6 +361,7 @@ def _worker(rank, port, out_dir, world):
         run_scenarios(rank, out_dir, [("fsdp_tp", lambda: _run_fsdp_tp(rank))])
         return
     scenarios = [(f"{m}_{k}", lambda m=m, k=k: _run_tp(m, k)) for m in ("mlp", "attn") for k in ("delayed", "current")]
+    scenarios += [("hp", _run_hp), ("accum", _run_accum)]
     scenarios += [("sp_delayed", lambda: _run_tp("sp", "delayed")), ("te_tp", lambda: _run_te(False)),
                   ("te_sp", lambda: _run_te(True)), ("dcp", lambda: _run_dcp(out_dir)),
                   ("bad_input", lambda: _run_bad_input(rank))]
@@ -405,6 +434,27 @@ def test_delayed_scaling_state_is_the_one_process_state(runs):
             assert float(r["fp8"][name]["pending"].max()) > 0
 
 
+def test_outside_fp8_autocast_tp_is_torchs_tp_of_nn_linear(runs):
+    for r in _get(runs, "hp"):
+        ours, plain = r["fp8mix"], r["torch"]
+        for s in range(STEPS):
+            assert torch.equal(ours["y"][s], plain["y"][s]) and torch.equal(ours["dx"][s], plain["dx"][s])
+            for n, g in plain["grads"][s].items():
+                assert torch.equal(ours["grads"][s][n], g), n
+        assert all(int(st["steps"].max()) == 0 for st in ours["fp8"].values())  # nothing recorded
+
+
+def test_gradient_accumulation_keeps_the_fp8_weight_as_one_process(runs):
+    """is_first_microbatch=True casts the weight shard (its amax all-reduced) and keeps it,
+    False reuses it: 2 micro-batches per step equal the reference doing the same."""
+    torch.set_num_threads(1)
+    ref = train(build("mlp"), "delayed", STEPS, micro=2)
+    for r in _get(runs, "accum"):
+        _assert_equal_to_reference(r, ref)
+        # the weight's amax is recorded once per step (on the first micro-batch), the input's twice
+        assert r["fp8"]["fc1"]["steps"].tolist()[:2] == [2 * STEPS, STEPS]
+
+
 def test_sequence_parallel_equals_one_process(runs):
     ref = _reference("sp", "delayed")
     for r in _get(runs, "sp_delayed"):
@@ -419,6 +469,7 @@ def test_te_tp_arguments_equal_one_process(runs, name):
         assert r["weight_local_shape"] == {"fc1.weight": (H // 2, D), "fc2.weight": (D, H // 2)}
 
 
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")  # (what loading on one process is)
 def test_dcp_checkpoint_of_tp2_continues_on_one_process(runs):
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
