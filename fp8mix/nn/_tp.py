@@ -16,10 +16,11 @@ the unsharded layer's bytes of its shard. What the sum over ranks adds: the row 
 output and the column mode's input gradient are sums of per-rank FP32 partial products, in
 another order than one GEMM's (rounding-level differences, no FP8 effect).
 
-Before the GEMMs each forward checks (one all-gather of 8 bytes per rank over the group)
-that every rank runs the same FP8 recipe and mode: a rank out of step raises a ValueError
-naming the module on every rank instead of pairing collectives wrongly (a hang). A module's
-``fp8_tp_check = False`` skips it.
+Before the GEMMs each forward checks (one all-gather of 8 bytes per rank over the group,
+read back to the host: on a GPU a synchronisation per layer) that every rank runs the same
+FP8 recipe and mode: a rank out of step raises a ValueError naming the module on every
+rank instead of pairing collectives wrongly (a hang, or scales that silently differ). A
+module's ``fp8_tp_check = False`` skips it.
 
 Not here: the styles themselves (torch's, and fp8mix.distributed.tensor_parallel's FP8
 names), meshes of more than one dimension in the forward (under FSDP2 x TP the forward sees
@@ -80,11 +81,11 @@ def recipe_fingerprint(m, is_first_microbatch) -> tuple:
     return zlib.crc32(text.encode()), text
 
 
-def _check_same_recipe(m, group, is_first_microbatch) -> None:
+def _check_same_recipe(m, group, is_first_microbatch, device) -> None:
     code, text = recipe_fingerprint(m, is_first_microbatch)
     n = torch.distributed.get_world_size(group)
-    mine = torch.tensor([code], dtype=torch.int64)
-    every = [torch.empty(1, dtype=torch.int64) for _ in range(n)]
+    mine = torch.tensor([code], dtype=torch.int64, device=device)  # (on the mesh's device: NCCL moves CUDA tensors)
+    every = [torch.empty(1, dtype=torch.int64, device=device) for _ in range(n)]
     torch.distributed.all_gather(every, mine, group=group)
     codes = [int(c) for c in every]
     if len(set(codes)) > 1:
@@ -135,7 +136,7 @@ def tp_linear_forward(m, x, weight, bias, *, in_features: int, out_features: int
     if is_dtensor(m._buffers.get("fp8_scale")):  # (once, after the style was applied)
         local_fp8_state(m)
     if getattr(m, "fp8_tp_check", True):
-        _check_same_recipe(m, group, is_first_microbatch)
+        _check_same_recipe(m, group, is_first_microbatch, weight.to_local().device)
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{_label(m)}: input must be a tensor, got {type(x).__name__}")
     want = [Replicate()] if mode == "column" else [Shard(x.dim() - 1)]
