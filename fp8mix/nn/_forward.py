@@ -23,6 +23,7 @@ from ._axis import axis_forward
 from ._casts import all_reduce_max, cast_input, cast_weight, input_layout, python_algo_scale
 from ._function import FP8LinearFunction, apply_fused
 from ._plan import Operands, Path, StepPlan, delayed_spec, fmt_dtype, grad_state, recipe_consts
+from ._tp import is_dtensor
 from .fp8_weight import FP8WeightBase, check_recipe
 from .observe import auto_forward, monitor_forward
 from .recompute import in_recompute, under_saved_tensor_hooks
@@ -79,6 +80,10 @@ def _check_input(m, x: torch.Tensor, weight: torch.Tensor, in_features: int) -> 
         raise ValueError(f"fp8mix.{name}: input has shape {tuple(x.shape)}, expected (..., {in_features})")
     if x.dtype not in _HP:
         raise TypeError(f"fp8mix.{name}: input must be float32, bfloat16 or float16, got {x.dtype}")
+    if is_dtensor(weight) or is_dtensor(x):  # fp8mix.Linear hands its local shards in (fp8mix.nn._tp)
+        raise NotImplementedError(f"fp8mix.{name}: a DTensor {'weight' if is_dtensor(weight) else 'input'}; "
+                                  "tensor parallelism runs fp8mix.Linear layers only (torch's ColwiseParallel / "
+                                  f"RowwiseParallel, or TE's parallel_mode); {name} runs on whole tensors")
     if x.device != weight.device:
         raise ValueError(f"fp8mix.{name}: input is on {x.device}, weight on {weight.device}")
     if not x.is_cpu and not ops.has_kernels("scaled_mm", x.device):

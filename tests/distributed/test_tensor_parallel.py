@@ -21,8 +21,8 @@ workers), on the same batches:
                           torch.distributed.checkpoint (model and AdamW state); the test
                           loads it on one process and continues
   bad_input               a TP size that does not divide the features (three ways), a
-                          style given a torch nn.Linear, recipes (or FP8 on/off) that
-                          differ across the ranks
+                          style given a torch nn.Linear, a LayerNormLinear given a DTensor
+                          weight, recipes (or FP8 on/off) that differ across the ranks
   fsdp_tp (4 processes)   2D: FSDP2 over "dp" x TP over "tp", the batch split over dp
 
 The loss is linear in the output, sum(y * r) with a fixed r, so its gradient dy does not
@@ -313,6 +313,14 @@ def _run_bad_input(rank: int):
     out["divide_te"] = _error(lambda: fp8mix.Linear(D, 33, tp_group=dist.group.WORLD, parallel_mode="column"))
     out["not_fp8"] = _error(lambda: parallelize_module(nn.Sequential(nn.Linear(D, D)), mesh,
                                                        {"0": Float8ColwiseParallel()}))
+    from torch.distributed.tensor import Shard, distribute_tensor
+    lnl = fp8mix.LayerNormLinear(D, D)  # a fused module with a DTensor weight: refused, not mis-run
+    lnl.weight = nn.Parameter(distribute_tensor(lnl.weight.detach(), mesh, [Shard(0)]))
+
+    def run_lnl():
+        with fp8mix.fp8_autocast(enabled=True, fp8_recipe=recipe("current")):
+            lnl(x)
+    out["fused_module"] = _error(run_lnl)
     model = build("mlp")
     parallelize_module(model, mesh, _plan("mlp"))
 
@@ -504,6 +512,8 @@ def test_bad_input_is_a_clear_error_on_every_rank(runs):
         assert "out_features (33)" in r["divide_forward"] and "in_features (33)" in r["divide_style"]
         assert "fp8mix.Linear" in r["divide_te"] and "out_features (33)" in r["divide_te"]
         assert "expects an fp8mix.Linear" in r["not_fp8"] and "torch.nn.modules.linear.Linear" in r["not_fp8"]
+        assert r["fused_module"].startswith("NotImplementedError: fp8mix.LayerNormLinear: a DTensor weight"), r
+
         for key in ("recipes", "enabled"):
             assert r[key].startswith("ValueError") and "fp8mix.Linear" in r[key], r[key]
             assert "different FP8 settings" in r[key] and f"ranks [{1 - rank}] differ" in r[key], r[key]
