@@ -36,7 +36,8 @@ import torch
 
 from ..context import current_frame
 
-__all__ = ["is_dtensor", "tp_linear_forward", "check_divides", "recipe_fingerprint", "local_fp8_state", "te_parallel"]
+__all__ = ["is_dtensor", "tp_linear_forward", "check_divides", "recipe_fingerprint", "local_fp8_state", "te_parallel",
+           "te_parallel_norm", "norm_linear_tp_forward"]
 
 
 def is_dtensor(t) -> bool:
@@ -167,17 +168,9 @@ def tp_linear_forward(m, x, weight, bias, *, in_features: int, out_features: int
 _MODES = (None, "column", "row")
 
 
-def te_parallel(m, *, tp_group, tp_size, sequence_parallel, parallel_mode) -> None:
-    """Transformer Engine's tp_group / tp_size / sequence_parallel / parallel_mode on a built
-    (unsharded, seeded alike on every rank) nn.Linear-shaped module: shard it over the group
-    with torch's styles, as TE's Linear runs.
-
-        column   x whole (sequence_parallel: x's local rows of dim 0, all-gathered before);
-                 returns the local columns of y
-        row      x's local columns (input_is_parallel); returns y all-reduced
-                 (sequence_parallel: reduce-scattered along dim 0, TE's [s, b, h] layout)
-
-    parallel_mode=None keeps the module whole on every rank (TE's default)."""
+def _te_group(m, *, tp_group, tp_size, sequence_parallel, parallel_mode):
+    """Check TE's tensor-parallel arguments; returns (process group, its size), or None when
+    the module stays whole (parallel_mode None, or one rank)."""
     if parallel_mode not in _MODES:
         raise ValueError(f"{_label(m)}: parallel_mode must be 'column', 'row' or None, got {parallel_mode!r}")
     if not isinstance(sequence_parallel, bool):
@@ -200,17 +193,38 @@ def te_parallel(m, *, tp_group, tp_size, sequence_parallel, parallel_mode) -> No
         if sequence_parallel and tp_size > 1:
             raise NotImplementedError(f"{_label(m)}: sequence_parallel=True with parallel_mode=None (a replicated "
                                       "layer on sequence-sharded input) is not implemented; give parallel_mode")
-        return
+        return None
     in_f, out_f = m.weight.shape[1], m.weight.shape[0]
     check_divides(m, mode=parallel_mode, tp=tp_size, in_features=in_f, out_features=out_f)
     if tp_size == 1:
-        return
-    from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-    _, _, Replicate, Shard = _dtensor_types()
+        return None
     group = tp_group if tp_group is not None else dist.group.WORLD
     assert group is not None  # (initialised above)
-    mesh = DeviceMesh.from_group(group, device_type=m.weight.device.type)
+    return group, tp_size
+
+
+def _te_mesh(m, group):
+    from torch.distributed.device_mesh import DeviceMesh
+    return DeviceMesh.from_group(group, device_type=m.weight.device.type)
+
+
+def te_parallel(m, *, tp_group, tp_size, sequence_parallel, parallel_mode) -> None:
+    """Transformer Engine's tp_group / tp_size / sequence_parallel / parallel_mode on a built
+    (unsharded, seeded alike on every rank) nn.Linear-shaped module: shard it over the group
+    with torch's styles, as TE's Linear runs.
+
+        column   x whole (sequence_parallel: x's local rows of dim 0, all-gathered before);
+                 returns the local columns of y
+        row      x's local columns (input_is_parallel); returns y all-reduced
+                 (sequence_parallel: reduce-scattered along dim 0, TE's [s, b, h] layout)
+
+    parallel_mode=None keeps the module whole on every rank (TE's default)."""
+    got = _te_group(m, tp_group=tp_group, tp_size=tp_size, sequence_parallel=sequence_parallel,
+                    parallel_mode=parallel_mode)
+    if got is None:
+        return
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    _, _, Replicate, Shard = _dtensor_types()
     seq = Shard(0)  # TE's sequence dimension: the first of [s, b, h]
     style: "ColwiseParallel | RowwiseParallel"
     if parallel_mode == "column":
@@ -218,5 +232,54 @@ def te_parallel(m, *, tp_group, tp_size, sequence_parallel, parallel_mode) -> No
     else:
         style = RowwiseParallel(input_layouts=Shard(-1), output_layouts=seq if sequence_parallel else Replicate(),
                                 use_local_output=True)
-    parallelize_module(m, mesh, style)
+    parallelize_module(m, _te_mesh(m, got[0]), style)
     local_fp8_state(m)
+
+
+def te_parallel_norm(m, *, tp_group, tp_size, sequence_parallel, parallel_mode) -> None:
+    """TE's tensor-parallel arguments on a LayerNormLinear: column mode only (TE's use: the
+    norm before a column-parallel GEMM). The GEMM's weight and bias become Shard(0)
+    DTensors, the norm's parameters Replicate ones; the forward (norm_linear_tp_forward)
+    runs the norm on DTensors (sequence_parallel: on the rank's rows of dim 0, then the
+    all-gather), so its parameters' gradients are summed over the ranks by DTensor."""
+    if parallel_mode == "row":
+        raise NotImplementedError(f"{_label(m)}: parallel_mode='row' (a norm over a feature-sharded input) is not "
+                                  "implemented; LayerNormLinear runs column parallel, fp8mix.Linear both")
+    got = _te_group(m, tp_group=tp_group, tp_size=tp_size, sequence_parallel=sequence_parallel,
+                    parallel_mode=parallel_mode)
+    if got is None:
+        return
+    from torch.distributed.tensor import distribute_tensor
+    _, _, Replicate, Shard = _dtensor_types()
+    mesh = _te_mesh(m, got[0])
+    for name, place in (("weight", Shard(0)), ("bias", Shard(0)), ("layer_norm_weight", Replicate()),
+                        ("layer_norm_bias", Replicate())):
+        p = getattr(m, name)
+        if p is not None:
+            setattr(m, name, torch.nn.Parameter(distribute_tensor(p.detach(), mesh, [place]),
+                                                requires_grad=p.requires_grad))
+    m._tp_sequence_parallel = sequence_parallel
+
+
+def norm_linear_tp_forward(m, inp, norm, *, is_first_microbatch, return_bias: bool, local_forward):
+    """(out, bias or None, ln_out) of a column-parallel LayerNormLinear (te_parallel_norm):
+    out and the returned bias are the rank's columns; ln_out the norm's output as this rank
+    holds it (sequence parallel: its rows, before the all-gather)."""
+    DTensor, _, Replicate, Shard = _dtensor_types()
+    mesh = m.weight.device_mesh
+    if not hasattr(m, "_tp_sequence_parallel"):
+        raise NotImplementedError(f"{_label(m)}: a DTensor weight its tensor-parallel arguments did not make; build "
+                                  "it with tp_group / tp_size and parallel_mode='column' (torch's styles take "
+                                  "nn.Linear layers only)")
+    sp = m._tp_sequence_parallel
+    if not isinstance(inp, torch.Tensor) or isinstance(inp, DTensor):
+        raise TypeError(f"{_label(m)}: input must be a plain tensor (this rank's part), got {type(inp).__name__}")
+    ln = norm(DTensor.from_local(inp, mesh, [Shard(0)] if sp else [Replicate()], run_check=False))
+    ln_local = ln.to_local()
+    if sp:
+        ln = ln.redistribute(mesh, [Replicate()])  # the all-gather (backward: the reduce-scatter)
+    bias = None if return_bias else m.bias
+    y = tp_linear_forward(m, ln, m.weight, bias, in_features=m.in_features, out_features=m.out_features,
+                          is_first_microbatch=is_first_microbatch, local_forward=local_forward)
+    out_bias = m.bias.to_local() if (return_bias and m.bias is not None) else None
+    return y.to_local(), out_bias, ln_local

@@ -61,8 +61,9 @@ def te_options(owner: str, options: dict) -> None:
         if key in _UNSUPPORTED:
             off, what = _UNSUPPORTED[key]
             if not (value is off or value == off or (value is None and off is False)):
-                hint = ("fp8mix.Linear implements it (tp_group, tp_size, sequence_parallel, parallel_mode), and "
-                        "torch's ColwiseParallel / RowwiseParallel serve fp8mix.Linear layers"
+                hint = ("fp8mix.Linear (column and row) and fp8mix.LayerNormLinear (column) implement it (tp_group, "
+                        "tp_size, sequence_parallel, parallel_mode), and torch's ColwiseParallel / RowwiseParallel "
+                        "serve fp8mix.Linear layers"
                         if key in _LINEAR_ONLY else "use torch's DDP or FSDP2 for data parallelism")
                 raise NotImplementedError(f"fp8mix.{owner}: {key}={value!r} asks for Transformer Engine's {what}, "
                                           f"which fp8mix does not implement for {owner}; {hint}")

@@ -17,6 +17,7 @@ workers), on the same batches:
   accum                   2 micro-batches per step (is_first_microbatch True / False)
   te_{tp,sp}              fp8mix.Linear built with Transformer Engine's arguments
                           (tp_group, tp_size, parallel_mode, sequence_parallel) on [s, b, h]
+  te_ln_{tp,sp}           the same with a LayerNormLinear (column) as the first layer
   dcp                     the mlp_delayed model after its steps, saved with
                           torch.distributed.checkpoint (model and AdamW state); the test
                           loads it on one process and continues
@@ -117,20 +118,56 @@ class Attention(nn.Module):
 class TEMLP(nn.Module):
     """The MLP from fp8mix.Linear with Transformer Engine's arguments (no TP args: whole)."""
 
+    first = fp8mix.Linear
+
     def __init__(self, **tp):
         super().__init__()
         col = dict(tp, parallel_mode="column") if tp else {}
         row = dict(tp, parallel_mode="row") if tp else {}
-        self.fc1, self.fc2 = fp8mix.Linear(D, H, **col), fp8mix.Linear(H, D, **row)
+        self.fc1, self.fc2 = self.first(D, H, **col), fp8mix.Linear(H, D, **row)
 
     def forward(self, x):
         return self.fc2(F.gelu(self.fc1(x)))
+
+
+class TELNMLP(TEMLP):
+    """LayerNormLinear (column) then fp8mix.Linear (row), with TE's arguments (none: whole)."""
+
+    first = fp8mix.LayerNormLinear
+
+    def __init__(self, **tp):
+        super().__init__(**tp)
+        with torch.no_grad():  # a norm away from identity (TE initialises it at gamma 1, beta 0)
+            g = torch.Generator().manual_seed(7)
+            for p, mean in ((self.fc1.layer_norm_weight, 1.0), (self.fc1.layer_norm_bias, 0.0)):
+                local = p.to_local() if hasattr(p, "to_local") else p  # (replicated under TP: the whole)
+                local.copy_(torch.randn(D, generator=g) * 0.5 + mean)
+
+
+class NormThenLinears(nn.Module):
+    """TELNMLP's math without TP and without the fused norm cast: torch's LayerNorm, then
+    fp8mix.Linear layers holding the same parameters (what the TP forward computes)."""
+
+    def __init__(self, whole: TELNMLP):
+        super().__init__()
+        self.norm, self.fc1, self.fc2 = nn.LayerNorm(D), fp8mix.Linear(D, H), fp8mix.Linear(H, D)
+        with torch.no_grad():
+            self.norm.weight.copy_(whole.fc1.layer_norm_weight)
+            self.norm.bias.copy_(whole.fc1.layer_norm_bias)
+            for a, b in ((self.fc1, whole.fc1), (self.fc2, whole.fc2)):
+                a.weight.copy_(b.weight)
+                a.bias.copy_(b.bias)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(self.norm(x))))
 
 
 def build(kind: str, **tp) -> nn.Module:
     torch.manual_seed(0)
     if kind == "te":
         return TEMLP(**tp)
+    if kind == "te_ln":
+        return TELNMLP(**tp)
     model = {"attn": Attention, "sp": NormMLP, "mlp": MLP}[kind]()
     return fp8mix.convert_model(model)
 
@@ -259,13 +296,12 @@ def _run_accum():
     return train(model, "delayed", STEPS, micro=2)
 
 
-def _run_te(sp: bool):
+def _run_te(sp: bool, kind: str = "te"):
     import torch.distributed as dist
-    model = build("te", tp_group=dist.group.WORLD, tp_size=2, sequence_parallel=sp)
+    model = build(kind, tp_group=dist.group.WORLD, tp_size=2, sequence_parallel=sp)
     shard, gather = _seq_parts(0) if sp else (None, None)
     res = train(model, "delayed", STEPS, shard=shard, gather=gather, layout="sbd")
-    res["weight_local_shape"] = {n: tuple(p.to_local().shape) for n, p in model.named_parameters()
-                                 if n.endswith("weight")}
+    res["weight_local_shape"] = {n: tuple(p.to_local().shape) for n, p in model.named_parameters() if p.dim() == 2}
     return res
 
 
@@ -371,7 +407,8 @@ def _worker(rank, port, out_dir, world):
     scenarios = [(f"{m}_{k}", lambda m=m, k=k: _run_tp(m, k)) for m in ("mlp", "attn") for k in ("delayed", "current")]
     scenarios += [("hp", _run_hp), ("accum", _run_accum)]
     scenarios += [("sp_delayed", lambda: _run_tp("sp", "delayed")), ("te_tp", lambda: _run_te(False)),
-                  ("te_sp", lambda: _run_te(True)), ("dcp", lambda: _run_dcp(out_dir)),
+                  ("te_sp", lambda: _run_te(True)), ("te_ln_tp", lambda: _run_te(False, "te_ln")),
+                  ("te_ln_sp", lambda: _run_te(True, "te_ln")), ("dcp", lambda: _run_dcp(out_dir)),
                   ("bad_input", lambda: _run_bad_input(rank))]
     run_scenarios(rank, out_dir, scenarios)
 
@@ -478,6 +515,34 @@ def test_te_tp_arguments_equal_one_process(runs, name):
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")  # (what loading on one process is)
+@pytest.mark.parametrize("name", ["te_ln_tp", "te_ln_sp"])
+def test_te_layernorm_linear_column_parallel_equals_one_process(runs, name):
+    """LayerNormLinear(parallel_mode="column") + Linear(parallel_mode="row") against the
+    same parameters run without TP as torch's LayerNorm then fp8mix.Linear layers. Step 0:
+    the GEMM weights' gradients bit-identical (the norm's output is computed row by row,
+    the same on every rank); the norm's parameter gradients, the output and the input
+    gradient within rtol 1e-5 (the norm's input gradient is the sum over ranks of their
+    partial dgrads, all-reduced before the norm's backward). The later steps start from
+    norm parameters that differ by that rounding, so an FP8 rounding of a few elements may
+    flip: the output within rtol 1e-3 there (one flip moves an element by an FP8 step,
+    2^-3 relative, averaged into each output over 128 products)."""
+    torch.set_num_threads(1)
+    ref = train(NormThenLinears(build("te_ln")), "delayed", STEPS, layout="sbd")
+    rename = {"fc1.layer_norm_weight": "norm.weight", "fc1.layer_norm_bias": "norm.bias"}
+    for r in _get(runs, name):
+        g, gref = r["grads"][0], ref["grads"][0]
+        for n in ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"):
+            assert torch.equal(g[n], gref[n]), n
+        for n, m in rename.items():
+            torch.testing.assert_close(g[n], gref[m], rtol=RTOL, atol=ATOL)
+        torch.testing.assert_close(r["y"][0], ref["y"][0], rtol=RTOL, atol=ATOL)
+        torch.testing.assert_close(r["dx"][0], ref["dx"][0], rtol=RTOL, atol=ATOL)
+        for s in range(1, STEPS):
+            torch.testing.assert_close(r["y"][s], ref["y"][s], rtol=1e-3, atol=1e-3)
+        assert r["weight_local_shape"] == {"fc1.weight": (H // 2, D), "fc2.weight": (D, H // 2)}
+        assert r["fp8"]["fc1"]["steps"].tolist() == [STEPS, STEPS, STEPS - 1]
+
+
 def test_dcp_checkpoint_of_tp2_continues_on_one_process(runs):
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
@@ -512,7 +577,8 @@ def test_bad_input_is_a_clear_error_on_every_rank(runs):
         assert "out_features (33)" in r["divide_forward"] and "in_features (33)" in r["divide_style"]
         assert "fp8mix.Linear" in r["divide_te"] and "out_features (33)" in r["divide_te"]
         assert "expects an fp8mix.Linear" in r["not_fp8"] and "torch.nn.modules.linear.Linear" in r["not_fp8"]
-        assert r["fused_module"].startswith("NotImplementedError: fp8mix.LayerNormLinear: a DTensor weight"), r
+        assert r["fused_module"].startswith("NotImplementedError: fp8mix.LayerNormLinear: a DTensor weight its "
+                                            "tensor-parallel arguments did not make"), r
 
         for key in ("recipes", "enabled"):
             assert r[key].startswith("ValueError") and "fp8mix.Linear" in r[key], r[key]
