@@ -57,7 +57,7 @@ $(CORE_LIB): $(CORE_OBJ)
 CTEST_SRC := $(wildcard tests/c/test_*.c)
 CTEST_BIN := $(patsubst tests/c/%.c,$(BUILD)/tests/%,$(CTEST_SRC))
 
-$(BUILD)/tests/%: tests/c/%.c tests/c/check.h tests/c/stats_ref.h $(CORE_LIB)
+$(BUILD)/tests/%: tests/c/%.c $(wildcard tests/c/*.h) $(CORE_LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALLCFLAGS) -Itests/c $< $(CORE_LIB) -o $@ -lpthread -lm $(LDFLAGS_SAN)
 
@@ -74,7 +74,7 @@ check-circles: $(CORE_LIB)
 FUZZ_CC      ?= clang
 FUZZ_SECONDS ?= 60
 FUZZ_BUILD   ?= build/fuzz
-FUZZ_TARGETS := cast quantize gemm philox stats
+FUZZ_TARGETS := cast quantize gemm philox stats nvfp4
 FUZZ_CFLAGS  := -std=c11 -g -O1 -fno-omit-frame-pointer -ffp-contract=off -fno-fast-math \
                 -D_POSIX_C_SOURCE=200809L -Icsrc/include -Icsrc/core \
                 -fsanitize=address,undefined -fno-sanitize-recover=all
@@ -86,7 +86,7 @@ $(FUZZ_BUILD)/%.o: csrc/%.c $(HDRS)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -fno-sanitize-coverage=trace-cmp $(call isa_flags,$<) -c $< -o $@
 
-$(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_common.h tests/c/stats_ref.h $(FUZZ_CORE_OBJ)
+$(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_common.h $(wildcard tests/c/*.h) $(FUZZ_CORE_OBJ)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -Itests/fuzz $< $(FUZZ_CORE_OBJ) -o $@ -lpthread -lm
 
 .PHONY: fuzz fuzz-build valgrind

@@ -8,7 +8,7 @@ autocast, grad_scaler, optim, numerics); modules live in fp8mix.nn, the numerics
 monitor in fp8mix.monitor; the demo, inspect and CLI tools in fp8mix.tools, which
 ``import fp8mix`` never imports.
 """
-from . import compat, cuda, nn, optim, recipe  # (importing cuda registers the op layer's CUDA hooks)
+from . import compat, cuda, nn, nvfp4, optim, recipe  # (importing cuda registers the op layer's CUDA hooks)
 from ._version import __version__
 from .compat import FP8GlobalState, autocast, convert_module_to_fp8
 from .context import fp8_autocast, is_fp8_enabled
@@ -44,7 +44,7 @@ nn.FP8GlobalState = FP8GlobalState  # type: ignore[attr-defined]
 __all__ = [
     "Format", "Granularity", "Float8Tensor", "FP8GradScaler", "Linear", "Monitor", "convert_model",
     "unconvert_model", "strip_fp8_state", "load_fp8_state", "checkpoint", "fp8_autocast", "autocast",
-    "is_fp8_enabled", "nn", "optim", "recipe", "compat", "cuda",
+    "is_fp8_enabled", "nn", "nvfp4", "optim", "recipe", "compat", "cuda",
     "quantize", "dequantize", "amax", "cast_transpose", "scaled_mm",
     "fp8_dtype", "fp8_max", "cpu_isa", "set_max_isa", "__version__",
     "LayerNorm", "RMSNorm", "LayerNormLinear", "LayerNormMLP", "TransformerLayer", "convert_module_to_fp8",

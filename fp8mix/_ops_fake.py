@@ -193,3 +193,25 @@ if torch._C._dispatch_has_kernel_for_dispatch_key("fp8mix::cast", "CUDA"):  # CU
     @torch.library.register_fake("fp8mix::delayed_scale_update")
     def _delayed_scale_update_fake(*args, **kwargs):
         return None
+
+
+@torch.library.register_fake("fp8mix::quantize_nvfp4")
+def _quantize_nvfp4_fake(x, global_amax, tile_2d=False, stochastic=False, seed=0, offset=0, rng=None, rng_skip=0):
+    rows, cols = _rows_cols(x)
+    return (x.new_empty((rows, cols // 2), dtype=torch.uint8),
+            x.new_empty((rows, cols // 16), dtype=torch.float8_e4m3fn), x.new_empty((), dtype=torch.float32))
+
+
+@torch.library.register_fake("fp8mix::dequantize_nvfp4")
+def _dequantize_nvfp4_fake(q, block_scale, scale_inv, out_dtype):
+    return q.new_empty((q.shape[0], q.shape[1] * 2), dtype=out_dtype)
+
+
+@torch.library.register_fake("fp8mix::nvfp4_mm")
+def _nvfp4_mm_fake(a, a_block_scale, a_scale_inv, b, b_block_scale, b_scale_inv):
+    return a.new_empty((a.shape[0], b.shape[0]), dtype=torch.float32)
+
+
+@torch.library.register_fake("fp8mix::rht16")
+def _rht16_fake(x, signs):
+    return torch.empty_like(x)

@@ -19,7 +19,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from .recipe import RECIPES, DelayedScaling
+from .recipe import RECIPES, DelayedScaling, NVFP4BlockScaling
 
 __all__ = ["fp8_autocast", "is_fp8_enabled", "get_fp8_recipe", "get_fp8_group", "FP8Frame", "as_bool"]
 
@@ -107,9 +107,9 @@ class fp8_autocast(contextlib.ContextDecorator):
             if not _default_recipe:
                 _default_recipe.append(DelayedScaling())
             fp8_recipe = _default_recipe[0]
-        if not isinstance(fp8_recipe, RECIPES):
+        if not isinstance(fp8_recipe, (*RECIPES, NVFP4BlockScaling)):
             raise TypeError("fp8_autocast: fp8_recipe must be a DelayedScaling, CurrentScaling, BlockScaling, "
-                            f"RowwiseScaling or MXFP8BlockScaling, got {type(fp8_recipe).__name__}")
+                            f"RowwiseScaling, MXFP8BlockScaling or NVFP4BlockScaling, got {type(fp8_recipe).__name__}")
         if monitor is not None and not (callable(getattr(monitor, "record", None)) and hasattr(monitor, "sampling")):
             raise TypeError(f"fp8_autocast: monitor must be an fp8mix.Monitor, got {type(monitor).__name__}")
         self.frame = FP8Frame(enabled, fp8_recipe, fp8_group, monitor, calibrating)

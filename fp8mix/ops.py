@@ -32,7 +32,8 @@ __all__ = ["cast", "quantize_current", "quantize_mx", "amax", "compute_scale", "
            "mm_scale_code", "cpu_isa", "set_max_isa", "scale_shape", "has_kernels", "NormKind", "Act", "norm_cast",
            "norm_delayed_cast", "act_cast", "act_delayed_cast", "linear_delayed_casts", "linear_current_casts",
            "linear_backward", "CudaHooks", "set_cuda_hooks", "QUANT_STATS_N",
-           "delayed_scale_update", "cuda_hw_convert", "cuda_check_scales"]
+           "delayed_scale_update", "cuda_hw_convert", "cuda_check_scales", "quantize_nvfp4", "dequantize_nvfp4",
+           "nvfp4_mm", "rht16"]
 
 
 class CudaHooks(Protocol):
@@ -112,6 +113,32 @@ def quantize_mx(x: torch.Tensor, fp8_dtype: torch.dtype, *, rule: int = 0, margi
     qt is the second quantisation of x's 2-D transpose (its blocks along x's columns)."""
     return _ops.quantize_mx(x, fp8_dtype, rule, margin, amax_epsilon, saturate, stochastic, seed, offset, want_q,
                             transpose, inf_to_nan, rng, rng_skip)
+
+
+def quantize_nvfp4(x: torch.Tensor, global_amax: torch.Tensor, *, tile_2d: bool = False, stochastic: bool = False,
+                   seed: int = 0, offset: int = 0, rng: Optional[torch.Tensor] = None, rng_skip: int = 0):
+    """NVFP4 quantisation of x (..., K), K a multiple of 16 (CPU): (q (rows, K/2) uint8, two
+    E2M1 codes per byte, block_scale (rows, K/16) float8_e4m3fn, scale_inv () float32), the
+    tensor scale from `global_amax` (a one-element tensor); tile_2d: 16x16 blocks."""
+    return _ops.quantize_nvfp4(x, global_amax, tile_2d, stochastic, seed, offset, rng, rng_skip)
+
+
+def dequantize_nvfp4(q: torch.Tensor, block_scale: torch.Tensor, scale_inv: torch.Tensor, *,
+                     out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The values of an NVFP4 tensor (rows, K) as out_dtype."""
+    return _ops.dequantize_nvfp4(q, block_scale, scale_inv, out_dtype)
+
+
+def nvfp4_mm(a: torch.Tensor, a_block_scale: torch.Tensor, a_scale_inv: torch.Tensor, b: torch.Tensor,
+             b_block_scale: torch.Tensor, b_scale_inv: torch.Tensor) -> torch.Tensor:
+    """A @ B^T in float32 of two NVFP4 tensors A (M, K) and B (N, K) (scalar C GEMM, CPU)."""
+    return _ops.nvfp4_mm(a, a_block_scale, a_scale_inv, b, b_block_scale, b_scale_inv)
+
+
+def rht16(x: torch.Tensor, *, signs: int) -> torch.Tensor:
+    """The 16-point random Hadamard transform along x's last dimension (float32, a multiple
+    of 16), signs a 16-bit mask (fp8mix.h fp8mix_rht16)."""
+    return _ops.rht16(x, signs)
 
 
 def amax(x: torch.Tensor, *, granularity=Granularity.TENSOR) -> torch.Tensor:

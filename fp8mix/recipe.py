@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import types
 from typing import TYPE_CHECKING, Callable, Optional, Union
 
@@ -42,9 +43,8 @@ from .auto_format import AutoFormat
 from .formats import Format, Granularity
 
 __all__ = ["DelayedScaling", "CurrentScaling", "BlockScaling", "RowwiseScaling", "MXFP8BlockScaling",
-           "Float8CurrentScaling",
-           "Float8BlockScaling", "ROLES", "role_format", "RECIPES", "from_recipe_name", "TORCHAO_RECIPE_NAMES",
-           "from_config"]
+           "NVFP4BlockScaling", "Float8CurrentScaling", "Float8BlockScaling", "ROLES", "role_format", "RECIPES",
+           "from_recipe_name", "TORCHAO_RECIPE_NAMES", "from_config"]
 
 ROLES = ("input", "weight", "grad_output")
 MAX_HISTORY = 2 ** 20  # amaxes per role; the history is rolled on every record, so longer is only slower
@@ -388,6 +388,64 @@ class MXFP8BlockScaling(_JustInTime):
 
 
 RECIPES = (DelayedScaling, CurrentScaling, BlockScaling, RowwiseScaling, MXFP8BlockScaling)
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "0") == "1"
+
+
+@dataclasses.dataclass(frozen=True, eq=True)
+class NVFP4BlockScaling:
+    """NVFP4 training (Transformer Engine's ``NVFP4BlockScaling``, its field names and
+    environment defaults): every GEMM operand in E2M1 (4-bit) with an E4M3 scale per 16
+    consecutive elements along that GEMM's reduction dimension and one float32 scale per
+    tensor (current scaling: from the tensor's own amax; fp8mix.nvfp4 has the arithmetic):
+
+        forward  x 1x16, W 16x16 tiles (``disable_2d_quantization``: 1x16), nearest;
+        dgrad    dy 1x16 along N, stochastic (``disable_stochastic_rounding``: nearest),
+                 W as in the forward (the 16x16 tiles give W^T the same values);
+        wgrad    dy^T and x^T along the tokens after the 16-point random Hadamard
+                 transform (``disable_rht``: without), dy^T stochastic.
+
+    CPU, scalar GEMMs (slow: a reference, not a speed path); fp8mix.Linear and the modules
+    that call it (convert_model's layers); the fused TE modules refuse it. in_features and
+    out_features must be multiples of 16. The stochastic words come from the layer's
+    ``fp8_rng`` stream, drawn in backward (so activation checkpointing, which repeats only
+    the forward, changes nothing). No FP8 state is read or written. ``rht_signs``: the
+    Hadamard transform's 16 random signs as a bit mask (fixed, as TE's)."""
+
+    fp4_format: str = "E2M1"
+    fp8_format: Format = Format.E4M3
+    disable_rht: bool = dataclasses.field(default_factory=lambda: _env_flag("NVTE_NVFP4_DISABLE_RHT"))
+    disable_stochastic_rounding: bool = dataclasses.field(
+        default_factory=lambda: _env_flag("NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING"))
+    disable_2d_quantization: bool = dataclasses.field(
+        default_factory=lambda: _env_flag("NVTE_NVFP4_DISABLE_2D_QUANTIZATION"))
+    rht_signs: int = 0xB4E1
+    fp8_dpa: bool = False
+    fp8_mha: bool = False
+
+    def __post_init__(self):
+        if getattr(self.fp4_format, "name", self.fp4_format) != "E2M1":  # (TE's Format.E2M1 has that name)
+            raise ValueError(f"NVFP4BlockScaling.fp4_format must be 'E2M1', got {self.fp4_format!r}")
+        object.__setattr__(self, "fp4_format", "E2M1")
+        if _check_format(self.fp8_format) != Format.E4M3:
+            raise ValueError(f"NVFP4BlockScaling.fp8_format (the block scales' format) must be Format.E4M3, got "
+                             f"{self.fp8_format!r}")
+        object.__setattr__(self, "fp8_format", Format.E4M3)
+        for name in ("disable_rht", "disable_stochastic_rounding", "disable_2d_quantization", "fp8_dpa", "fp8_mha"):
+            _check_bool(f"NVFP4BlockScaling.{name}", getattr(self, name))
+        if self.fp8_dpa or self.fp8_mha:
+            raise NotImplementedError("NVFP4BlockScaling: fp8mix does not run attention in low precision")
+        if type(self.rht_signs) is not int or not 0 <= self.rht_signs <= 0xFFFF:
+            raise ValueError(f"NVFP4BlockScaling.rht_signs must be a 16-bit mask, got {self.rht_signs!r}")
+
+    def delayed(self) -> bool:  # (what fp8_autocast's calibration asks of a recipe)
+        return False
+
+    reduce_amax = False  # current scaling of local tensors: nothing is all-reduced
+
+
 
 TORCHAO_RECIPE_NAMES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 

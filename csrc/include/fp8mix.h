@@ -1040,6 +1040,92 @@ fp8mix_status fp8mix_act_cast_delayed(const void *h, fp8mix_dtype ht, int64_t ro
                                       const fp8mix_delayed_recipe *r, const float *fresh_amax, int record,
                                       const fp8mix_cast_opts *opts, float scales[2]);
 
+/* ---- NVFP4 (NVIDIA's 4-bit format: E2M1 values, E4M3 block scales) --------
+ *
+ * Elements are E2M1 (OCP Microscaling v1.0 sec. 5.3.3: 1 sign, 2 exponent
+ * bits with bias 1, 1 mantissa bit, no inf or NaN): the magnitudes 0, 0.5, 1,
+ * 1.5, 2, 3, 4, 6 for the codes 0..7, bit 3 the sign.  Two codes share a byte,
+ * element 2j in the low nibble and 2j+1 in the high one (torch's
+ * float4_e2m1fn_x2).  Every row is cut into blocks of FP8MIX_NVFP4_BLOCK = 16
+ * consecutive elements (cols must be a multiple of 16); with tile_rows = 16
+ * the blocks of 16 consecutive rows (the last group partial) share one scale
+ * (the 16x16 2-D weight scaling of the NVFP4 recipe).  Two levels of scale,
+ * in Transformer Engine's arithmetic (float32, round to nearest even):
+ *   S_enc  = 2688 / global_amax      (2688 = 6 * 448; +inf gives FLT_MAX;
+ *            global_amax 0, +inf or NaN gives 1)   fp8mix_nvfp4_tensor_scale
+ *   S_dec  = 1 / S_enc                the float32 decode scale, per tensor
+ *   block b with amax a_b (max |x| of its elements):
+ *     d_b  = E4M3(a_b * (S_enc * (1/6)))   the block's decode scale, an E4M3
+ *            byte, saturating at 448, round to nearest even; a block holding
+ *            NaN or +-inf gets the NaN byte 0x7F instead (its elements are
+ *            then code 0: the whole block decodes to NaN, fp8mix's rule that a
+ *            non-finite input stays non-finite)
+ *     e_b  = min(1 / (float(d_b) * S_dec), FLT_MAX)     (d_b = 0: FLT_MAX)
+ *     code = E2M1(x * e_b), saturating at 6, rounded to nearest even or
+ *            stochastically (the FP8 rules above with 1 mantissa bit; element
+ *            (i, j) takes random word i * cols + j under (seed, offset))
+ * Decoding: x' = (E2M1 value * float(d_b)) * S_dec.  global_amax is the
+ * caller's (current scaling: the tensor's amax, all-reduced where sharded);
+ * a block whose amax exceeds it saturates. */
+#define FP8MIX_NVFP4_BLOCK 16
+
+/* Exact value of the E2M1 code in the low nibble of `code` (the high nibble
+ * is ignored). */
+float fp8mix_e2m1_decode(uint8_t code);
+
+/* Scalar reference E2M1 encoder of an already scaled value y: a code 0..15,
+ * saturating at +-6; NaN gives 0 (E2M1 has no NaN: the quantiser marks
+ * non-finite blocks by their scale).  r: the stochastic-rounding word. */
+uint8_t fp8mix_e2m1_encode_ref(float y, fp8mix_rounding rounding, uint32_t r);
+
+/* S_enc of the rule above. */
+float fp8mix_nvfp4_tensor_scale(float global_amax);
+
+/* NVFP4 quantisation of x (rows x cols, type xt, row stride ld_x):
+ *   q            rows x cols/2 bytes, row stride ld_q (>= cols/2) bytes
+ *   block_scale  rows x cols/16 E4M3 bytes d_b (row-major; with tile_rows 16
+ *                the 16 rows of a tile hold the same byte)
+ *   scale_inv    optional (NULL: none): S_dec
+ * opts: rounding, seed and offset as for the FP8 casts; fmt must be
+ * FP8MIX_E4M3 (the block scales' format); saturate and inf_to_nan are
+ * implied by the rule above.  Errors: NULL_POINTER, BAD_SHAPE (cols not a
+ * multiple of 16, ld < cols), BAD_ENUM, BAD_ARG (tile_rows not 1 or 16,
+ * global_amax negative). */
+fp8mix_status fp8mix_quantize_nvfp4(const void *x, fp8mix_dtype xt, int64_t rows, int64_t cols, int64_t ld_x,
+                                    int tile_rows, float global_amax, uint8_t *q, int64_t ld_q,
+                                    uint8_t *block_scale, float *scale_inv, const fp8mix_cast_opts *opts);
+
+/* out (rows x cols float32, row stride ld_out) = the decoding above of q and
+ * block_scale with S_dec = scale_inv (finite and > 0, else BAD_SCALE). */
+fp8mix_status fp8mix_dequantize_nvfp4(const uint8_t *q, int64_t ld_q, const uint8_t *block_scale, int64_t rows,
+                                      int64_t cols, float scale_inv, float *out, int64_t ld_out);
+
+/* C (M x N float32, row stride ldc) = A B^T of two NVFP4 tensors with the
+ * same K (a multiple of 16): A M x K (codes a, row stride lda bytes, block
+ * scales sa M x K/16, decode scale sinv_a), B N x K likewise.  Summation
+ * order, the same on every CPU and thread count: for each block of 16, the
+ * 16 products of E2M1 values summed in order (exact in float32: each is a
+ * multiple of 1/4 below 36), times float(d_a) * float(d_b) (exact); the block
+ * results accumulated in float32 from +0 in ascending k; finally times
+ * (sinv_a * sinv_b) rounded once.  A NaN block scale gives NaN.  Errors:
+ * NULL_POINTER, BAD_SHAPE, BAD_SCALE (sinv not finite or <= 0). */
+fp8mix_status fp8mix_gemm_nvfp4(int64_t M, int64_t N, int64_t K, const uint8_t *a, int64_t lda,
+                                const uint8_t *sa, float sinv_a, const uint8_t *b, int64_t ldb,
+                                const uint8_t *sb, float sinv_b, float *c, int64_t ldc);
+
+/* The random Hadamard transform of the NVFP4 recipe along rows: every group
+ * of 16 consecutive elements of a row (cols a multiple of 16) becomes
+ *   y[g*16 + r] = (sum over c = 0..15, in order, of H[r][c] * s_c * x[g*16 + c]) / 4
+ * with H the 16x16 Sylvester Hadamard matrix (H[r][c] = (-1)^popcount(r & c))
+ * and s_c = -1 where bit c of `signs` is set, else +1; float32 additions in
+ * the order written, the division by 4 exact but for float32 subnormals.  (H D / 4 is orthogonal: for
+ * two tensors transformed alike, A' B'^T = A B^T up to rounding, which is how
+ * the recipe applies it to the weight gradient's operands along the tokens.)
+ * x and y: float32, rows x cols, row strides ld_x, ld_y; y may equal x.
+ * Errors: NULL_POINTER, BAD_SHAPE. */
+fp8mix_status fp8mix_rht16(const float *x, int64_t rows, int64_t cols, int64_t ld_x, uint16_t signs, float *y,
+                           int64_t ld_y);
+
 #ifdef __cplusplus
 }
 #endif

@@ -129,4 +129,12 @@ bool cuda_get_check_scales();
 // ---- direct.cpp: fp8mix.nn's eager entry points, added to the module by PyInit__C -------
 void add_direct_calls(PyObject *module);
 
+// ---- nvfp4_cpu.cpp: NVFP4 quantisation, decoding, GEMM, Hadamard transform ------------
+Tensors3 quantize_nvfp4_cpu(const Tensor &x, const Tensor &global_amax, bool tile_2d, bool stochastic, int64_t seed,
+                            int64_t offset, const OptTensor &rng, int64_t rng_skip);
+Tensor dequantize_nvfp4_cpu(const Tensor &q, const Tensor &block_scale, const Tensor &scale_inv, Dtype out_dtype);
+Tensor nvfp4_mm_cpu(const Tensor &a, const Tensor &a_block_scale, const Tensor &a_scale_inv, const Tensor &b,
+                    const Tensor &b_block_scale, const Tensor &b_scale_inv);
+Tensor rht16_cpu(const Tensor &x, int64_t signs);
+
 } // namespace fp8mix_torch

@@ -93,6 +93,14 @@ TORCH_LIBRARY(fp8mix, m)
           "bool power_2_scale=False, float amax_epsilon=0.0, bool transpose=False, bool inf_to_nan=True) "
           "-> (Tensor xq, Tensor xqt, Tensor x_scale_inv, Tensor x_amax, Tensor wq, Tensor wqt, Tensor w_scale_inv, "
           "Tensor w_amax)");
+    // NVFP4 (fp8mix.h "NVFP4", CPU): E2M1 codes two per byte, E4M3 block scales, a float32
+    // tensor scale from global_amax; tile_2d: 16x16 blocks (the weights' 2-D scaling).
+    m.def("quantize_nvfp4(Tensor x, Tensor global_amax, bool tile_2d=False, bool stochastic=False, int seed=0, "
+          "int offset=0, Tensor? rng=None, int rng_skip=0) -> (Tensor q, Tensor block_scale, Tensor scale_inv)");
+    m.def("dequantize_nvfp4(Tensor q, Tensor block_scale, Tensor scale_inv, ScalarType out_dtype) -> Tensor");
+    m.def("nvfp4_mm(Tensor a, Tensor a_block_scale, Tensor a_scale_inv, Tensor b, Tensor b_block_scale, "
+          "Tensor b_scale_inv) -> Tensor");
+    m.def("rht16(Tensor x, int signs) -> Tensor");
     // The CPU's SIMD level (csrc/core/dispatch.c).
     m.def("cpu_isa() -> str", &fp8mix_torch::cpu_isa);
     m.def("set_max_isa(str name) -> ()", &fp8mix_torch::set_max_isa);

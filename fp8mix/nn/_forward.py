@@ -18,10 +18,12 @@ import torch
 from .. import ops
 from ..context import current_frame, note_module_ran
 from ..formats import Granularity, fp8_dtype
+from ..recipe import NVFP4BlockScaling
 from . import _direct, _plan
 from ._axis import axis_forward
 from ._casts import all_reduce_max, cast_input, cast_weight, input_layout, python_algo_scale
 from ._function import FP8LinearFunction, apply_fused
+from ._nvfp4 import nvfp4_forward
 from ._plan import Operands, Path, StepPlan, delayed_spec, fmt_dtype, grad_state, recipe_consts
 from ._tp import is_dtensor
 from .fp8_weight import FP8WeightBase, check_recipe
@@ -203,6 +205,12 @@ def fp8_forward(m, x: torch.Tensor, weight: torch.Tensor, bias, *, layout: str, 
     note_module_ran()
     if _small_or_empty(m, x, in_features, out_features):
         return hp_forward(x)
+    nv = replay.recipe if replay is not None else frame.recipe if frame is not None else None
+    if isinstance(nv, NVFP4BlockScaling):
+        keep = (not recompute and eager and torch.is_grad_enabled() and under_saved_tensor_hooks(eager=True))
+        return nvfp4_forward(m, x, weight, bias, recipe=nv, layout=layout, in_features=in_features,
+                             out_features=out_features, out_dtype=hp_out_dtype(x, weight.dtype),
+                             fused_input=input_cast is not None, replays=m._replay[gemm] if keep else None)
     x2 = x if x.dim() == 2 else x.reshape(-1, in_features)
     wants_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
     # (tensor subclasses — DTensor, wrapper subclasses — dispatch through torch.ops: the

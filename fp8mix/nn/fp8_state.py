@@ -39,9 +39,10 @@ buffer, so it travels with the state through torch.distributed.checkpoint too.
 """
 from __future__ import annotations
 
+import contextvars
 import itertools
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 
@@ -61,6 +62,11 @@ _OPTIONAL_KEYS = ("fp8_grad_pending", "fp8_grad_slot", "fp8_rng", "fp8_auto", "f
 # checkpoints
 FP8_STATE_VERSION = 2  # 1: every checkpoint before the version buffer; 2: + fp8_version
 FP8_STATE_KEYS = _CORE_KEYS + _OPTIONAL_KEYS
+
+# Called with every fp8mix module at the end of its construction (its weights initialised,
+# its FP8 state registered), in the context that set it: fp8mix.nn.fp8_weight_init's
+# fp8_model_init (per thread and asyncio task, as a ContextVar is).
+ON_BUILT: contextvars.ContextVar[Optional[Callable]] = contextvars.ContextVar("fp8mix_on_built", default=None)
 
 # Stochastic-rounding keys: derived from torch's initial seed and the order modules are
 # built in, so they consume nothing of torch's generator (a model inits as nn.Linear
@@ -125,6 +131,9 @@ class FP8StateMixin(_Module):
         self._fp8_absent: list = []
         self._fp8_hooks = [self.register_load_state_dict_post_hook(_after_load),
                            self._register_state_dict_hook(_before_save)]
+        built = ON_BUILT.get()
+        if built is not None:
+            built(self)
 
     def _reset_python_state(self) -> None:
         G = self.fp8_gemms

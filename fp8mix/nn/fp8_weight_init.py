@@ -11,31 +11,24 @@ recipe its weights were made for inside any fp8_autocast. Train such a model wit
 :class:`fp8mix.optim.FP8MasterWeights` (float32 masters in the optimizer). Under FSDP2
 (fully_shard) the FP8 bytes are what is sharded and all-gathered.
 
-How it knows a module was built: while the context is active a torch buffer-registration
-hook watches for ``fp8_version``, the last buffer every fp8mix module registers at the end
-of its construction (FP8StateMixin._init_fp8_state, after the weights are initialised),
-in the thread that entered the context; the innermost context decides (a ContextVar: per
-thread and per asyncio task), and the hook is removed on exit. (A call at the end of
-_init_fp8_state would do the same without a global hook; this keeps the modules' files as
-they are.) Not covered: the meta device (NotImplementedError: the cast
-needs the values).
+How it knows a module was built: every fp8mix module calls fp8_state.ON_BUILT's callable
+(a ContextVar: per thread and asyncio task, the innermost context wins) at the end of its
+construction, FP8StateMixin._init_fp8_state, after its weights are initialised; this
+context sets it on enter and restores it on exit. Not covered: the meta device
+(NotImplementedError: the cast needs the values).
 """
 from __future__ import annotations
 
 import contextvars
 from typing import Optional
 
-import torch
-
 from ..context import as_bool
 from ..recipe import RECIPES, CurrentScaling
-from .fp8_state import FP8StateMixin
+from .fp8_state import ON_BUILT
 from .fp8_weight import WeightScaling, to_fp8_weights
 
 __all__ = ["fp8_model_init", "quantized_model_init"]
 
-_LAST_BUFFER = "fp8_version"  # registered last by FP8StateMixin._init_fp8_state
-_active: contextvars.ContextVar = contextvars.ContextVar("fp8mix_fp8_model_init", default=None)
 
 
 class fp8_model_init:
@@ -63,27 +56,21 @@ class fp8_model_init:
             WeightScaling.from_recipe(recipe, "fp8_model_init")  # a recipe it cannot serve raises now
         self.enabled, self.recipe, self.keep_hp = enabled, recipe, preserve_high_precision_init_val
         self._token: Optional[contextvars.Token] = None
-        self._hook = None
+
+    def _built(self, module) -> None:
+        to_fp8_weights(module, self.recipe, owner=f"fp8_model_init: fp8mix.{type(module).__name__}",
+                       keep_high_precision=self.keep_hp)
 
     def __enter__(self):
         if self._token is not None:
             raise RuntimeError("fp8_model_init: this context is already active (make a new one to nest)")
-        self._token = _active.set(self)
-
-        def hook(module, name, buffer):  # (another thread's context never holds self: ContextVars are per thread)
-            if name == _LAST_BUFFER and isinstance(module, FP8StateMixin) and _active.get() is self and self.enabled:
-                to_fp8_weights(module, self.recipe, owner=f"fp8_model_init: fp8mix.{type(module).__name__}",
-                               keep_high_precision=self.keep_hp)
-            return None
-
-        self._hook = torch.nn.modules.module.register_module_buffer_registration_hook(hook)
+        self._token = ON_BUILT.set(self._built if self.enabled else None)
         return self
 
     def __exit__(self, *exc):
-        assert self._token is not None and self._hook is not None
-        self._hook.remove()
-        _active.reset(self._token)
-        self._token = self._hook = None
+        assert self._token is not None
+        ON_BUILT.reset(self._token)
+        self._token = None
         return False
 
 
