@@ -207,6 +207,10 @@ def fp8_forward(m, x: torch.Tensor, weight: torch.Tensor, bias, *, layout: str, 
         return hp_forward(x)
     nv = replay.recipe if replay is not None else frame.recipe if frame is not None else None
     if isinstance(nv, NVFP4BlockScaling):
+        if tp_group is not None:  # (its per-tensor scale would come from each rank's shard alone)
+            raise NotImplementedError(f"fp8mix.{type(m).__name__}: NVFP4BlockScaling under tensor parallelism is "
+                                      "not implemented (its tensor scales are not all-reduced over the TP group); "
+                                      "use an FP8 recipe")
         keep = (not recompute and eager and torch.is_grad_enabled() and under_saved_tensor_hooks(eager=True))
         return nvfp4_forward(m, x, weight, bias, recipe=nv, layout=layout, in_features=in_features,
                              out_features=out_features, out_dtype=hp_out_dtype(x, weight.dtype),

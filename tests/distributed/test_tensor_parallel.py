@@ -363,6 +363,7 @@ def _run_bad_input(rank: int):
     def step(rec, enabled=True):
         with fp8mix.fp8_autocast(enabled=enabled, fp8_recipe=rec):
             model(batch(0)[0]).sum().backward()
+    out["nvfp4"] = _error(lambda: step(fp8mix.recipe.NVFP4BlockScaling()))
     out["recipes"] = _error(lambda: step(recipe("delayed" if rank == 0 else "current")))
     out["enabled"] = _error(lambda: step(recipe("current"), enabled=(rank == 0)))
     step(recipe("current"))  # the same settings again: runs (nothing left out of step)
@@ -584,6 +585,7 @@ def test_bad_input_is_a_clear_error_on_every_rank(runs):
             assert r[key].startswith("ValueError") and "fp8mix.Linear" in r[key], r[key]
             assert "different FP8 settings" in r[key] and f"ranks [{1 - rank}] differ" in r[key], r[key]
         assert "DelayedScaling" in r["recipes"] if rank == 0 else "CurrentScaling" in r["recipes"]
+        assert r["nvfp4"].startswith("NotImplementedError: fp8mix.Linear: NVFP4BlockScaling under tensor"), r
         assert r["after"] == "ran"
 
 
