@@ -35,6 +35,8 @@ import zlib
 import torch
 
 from ..context import current_frame
+from ..formats import Granularity
+from ..recipe import ROLES
 
 __all__ = ["is_dtensor", "tp_linear_forward", "check_divides", "recipe_fingerprint", "local_fp8_state", "te_parallel",
            "te_parallel_norm", "norm_linear_tp_forward"]
@@ -67,15 +69,35 @@ def check_divides(m, *, mode: str, tp: int, in_features: int, out_features: int)
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
+def _recipe_in_force(m):
+    """The recipe this module's forward runs now, or None (FP8 off for it)."""
+    frame = current_frame()
+    if frame is None or not (frame.enabled or frame.calibrating) or not m.fp8_enabled:
+        return None
+    return m.fp8_recipe if m.fp8_recipe is not None else frame.recipe
+
+
+def _check_per_tensor(m, recipe) -> None:
+    """Only per-tensor scales are one value over the shards: a row's or a block's scale of a
+    sharded tensor belongs to one rank's part (its MAX over the ranks would mix rows)."""
+    if recipe is None or not hasattr(recipe, "granularity"):  # (NVFP4: fp8mix.nn._forward refuses it under TP)
+        return
+    if not recipe.along_reduction() and all(recipe.granularity(r) == Granularity.TENSOR for r in ROLES):
+        return
+    raise NotImplementedError(f"{_label(m)}: {type(recipe).__name__} under tensor parallelism is not implemented "
+                              "(its scales are per row or block of a sharded tensor); use DelayedScaling or "
+                              "CurrentScaling (per-tensor scales) with tensor parallel layers")
+
+
 def recipe_fingerprint(m, is_first_microbatch) -> tuple:
     """(int, text): what must agree across the tensor-parallel ranks for their collectives to
     pair: FP8 on or off, the recipe (its fields; a callable by its name), recording or not,
     is_first_microbatch."""
     frame = current_frame()
-    if frame is None or not (frame.enabled or frame.calibrating) or not m.fp8_enabled:
+    recipe = _recipe_in_force(m)
+    if recipe is None or frame is None:
         text = "fp8 off"
     else:
-        recipe = m.fp8_recipe if m.fp8_recipe is not None else frame.recipe
         record = (torch.is_grad_enabled() and m.training) or frame.calibrating
         text = (f"{_ADDRESS.sub('', repr(recipe))}, enabled={frame.enabled}, calibrating={frame.calibrating}, "
                 f"training={record}, is_first_microbatch={is_first_microbatch}")
@@ -138,6 +160,7 @@ def tp_linear_forward(m, x, weight, bias, *, in_features: int, out_features: int
         local_fp8_state(m)
     if getattr(m, "fp8_tp_check", True):
         _check_same_recipe(m, group, is_first_microbatch, weight.to_local().device)
+    _check_per_tensor(m, _recipe_in_force(m))
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{_label(m)}: input must be a tensor, got {type(x).__name__}")
     want = [Replicate()] if mode == "column" else [Shard(x.dim() - 1)]

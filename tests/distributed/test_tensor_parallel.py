@@ -364,6 +364,8 @@ def _run_bad_input(rank: int):
         with fp8mix.fp8_autocast(enabled=enabled, fp8_recipe=rec):
             model(batch(0)[0]).sum().backward()
     out["nvfp4"] = _error(lambda: step(fp8mix.recipe.NVFP4BlockScaling()))
+    out["rowwise"] = _error(lambda: step(fp8mix.recipe.RowwiseScaling()))
+    out["block"] = _error(lambda: step(fp8mix.recipe.BlockScaling()))
     out["recipes"] = _error(lambda: step(recipe("delayed" if rank == 0 else "current")))
     out["enabled"] = _error(lambda: step(recipe("current"), enabled=(rank == 0)))
     step(recipe("current"))  # the same settings again: runs (nothing left out of step)
@@ -586,6 +588,8 @@ def test_bad_input_is_a_clear_error_on_every_rank(runs):
             assert "different FP8 settings" in r[key] and f"ranks [{1 - rank}] differ" in r[key], r[key]
         assert "DelayedScaling" in r["recipes"] if rank == 0 else "CurrentScaling" in r["recipes"]
         assert r["nvfp4"].startswith("NotImplementedError: fp8mix.Linear: NVFP4BlockScaling under tensor"), r
+        for key, name in (("rowwise", "RowwiseScaling"), ("block", "BlockScaling")):
+            assert r[key].startswith(f"NotImplementedError: fp8mix.Linear: {name} under tensor parallelism"), r[key]
         assert r["after"] == "ran"
 
 
