@@ -36,9 +36,7 @@ import argparse
 import datetime
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import time
 
@@ -46,6 +44,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _machine import header_lines, load_average, verdict  # noqa: E402
+from _spawn import add_run_args, run_workers  # noqa: E402
 
 WORLD = 2
 ROWS = 32
@@ -147,21 +146,11 @@ def _worker(rank: int, port: int, out: str, hidden: int, layers: int, steps: int
 # --------------------------------------------------------------------------------------
 # launcher and table
 # --------------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=1, help="torch threads per process")
-    ap.add_argument("--quick", action="store_true", help="3 layers of 256, 6 timed steps")
-    ap.add_argument("--worker", nargs=3, metavar=("RANK", "PORT", "OUT"), help=argparse.SUPPRESS)
+    add_run_args(ap, steps=20, warmup=3, quick_help="3 layers of 256, 6 timed steps")
     a = ap.parse_args()
     if a.quick:
         a.hidden, a.layers, a.steps, a.warmup = 256, 3, 6, 2
@@ -170,22 +159,10 @@ def main() -> int:
         return 0
 
     import fp8mix
-    out = f"/tmp/bench_distributed_{os.getpid()}.json"
-    port = _free_port()
     load_before = load_average()
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, OMP_NUM_THREADS=str(a.threads),
-               PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
-    args = ["--hidden", str(a.hidden), "--layers", str(a.layers), "--steps", str(a.steps), "--warmup", str(a.warmup),
-            "--threads", str(a.threads)]
-    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), *args, "--worker", str(r), str(port), out],
-                              env=env) for r in range(WORLD)]
-    if any(p.wait(timeout=1800) for p in procs):
-        print("a worker failed", file=sys.stderr)
+    res = run_workers(__file__, a, ("hidden", "layers", "steps", "warmup", "threads"), WORLD)
+    if res is None:
         return 1
-    with open(out) as f:
-        res = json.load(f)
-    os.remove(out)
     base = res[CONFIGS[0]]
     base_ms = statistics.median(base["ms"])
     lines = ["# FSDP2 all-gather: bf16 vs FP8 (2 processes, gloo)", "", *header_lines(fp8mix.cpu_isa()),

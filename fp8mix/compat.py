@@ -13,7 +13,10 @@ also importable where users of that library look for it (``fp8mix.autocast``,
                          FP8GlobalState (a namespace holding fp8_autocast)
 
 Not here: TE's constructor options and checkpoint keys (fp8mix.nn.te_options), TE's recipe
-field names (fp8mix.recipe's base class).
+field names (fp8mix.recipe's base class), torchao's distributed names
+(Float8ColwiseParallel, Float8RowwiseParallel, PrepareFloat8ModuleInput,
+precompute_float8_dynamic_scale_for_fsdp: fp8mix.distributed, which ``import fp8mix`` does
+not import, as it imports torch.distributed's tensor-parallel modules).
 """
 from __future__ import annotations
 

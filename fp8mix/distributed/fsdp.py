@@ -15,7 +15,7 @@ precompute_float8_dynamic_scale_for_fsdp, the same place in the loop). Either wa
 rank casts its shard with the same scale, so the gathered bytes are those the unsharded
 weight casts to.
 
-Not here: tensor parallelism (DTensor weights over a TP mesh) and the communication itself
+Not here: tensor parallelism (fp8mix.distributed.tensor_parallel) and the communication itself
 (torch.distributed's collectives, called by FSDP2).
 """
 from __future__ import annotations

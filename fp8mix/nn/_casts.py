@@ -38,8 +38,12 @@ _NO_SR: dict = {}
 
 
 def all_reduce_max(t: torch.Tensor, group) -> None:
-    if group is not None:
-        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX, group=group)
+    """t = max of t over `group`: a process group, a tuple of groups (a data-parallel group
+    and a tensor-parallel group: the max over each in turn is the max over both), or None."""
+    if group is None:
+        return
+    for g in (group if isinstance(group, tuple) else (group,)):
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX, group=g)
 
 
 def _sr(plan: StepPlan, role: int) -> dict:

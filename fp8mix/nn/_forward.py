@@ -25,11 +25,12 @@ from ._casts import all_reduce_max, cast_input, cast_weight, input_layout, pytho
 from ._function import FP8LinearFunction, apply_fused
 from ._nvfp4 import nvfp4_forward
 from ._plan import Operands, Path, StepPlan, delayed_spec, fmt_dtype, grad_state, recipe_consts
+from ._tp import is_dtensor
 from .fp8_weight import FP8WeightBase, check_recipe
 from .observe import auto_forward, monitor_forward
 from .recompute import in_recompute, under_saved_tensor_hooks
 
-__all__ = ["fp8_forward", "make_plan", "reduce_group", "hp_out_dtype"]
+__all__ = ["fp8_forward", "make_plan", "reduce_group", "amax_groups", "hp_out_dtype"]
 
 log = logging.getLogger("fp8mix")
 _HP = (torch.float32, torch.bfloat16, torch.float16)
@@ -53,6 +54,18 @@ def reduce_group(group):
     return group if torch.distributed.get_world_size(group) > 1 else None
 
 
+def amax_groups(group, tp_group):
+    """What amaxes are all-reduced over: fp8_autocast's group (data parallel, when the recipe
+    reduces) and the module's tensor-parallel group (always: its shards make one tensor).
+    One group when the other adds nothing (None, or a group already holding every rank)."""
+    tp = reduce_group(tp_group) if tp_group is not None else None
+    if tp is None or tp is group:
+        return group
+    if group is None or torch.distributed.get_world_size(group) == torch.distributed.get_world_size():
+        return tp if group is None else group
+    return (group, tp)
+
+
 def frame_for(m, frame):
     """The autocast frame as this module sees it: its own recipe (m.fp8_recipe), or FP8 off
     (m.fp8_enabled False), as a precision plan decided."""
@@ -69,6 +82,10 @@ def _check_input(m, x: torch.Tensor, weight: torch.Tensor, in_features: int) -> 
         raise ValueError(f"fp8mix.{name}: input has shape {tuple(x.shape)}, expected (..., {in_features})")
     if x.dtype not in _HP:
         raise TypeError(f"fp8mix.{name}: input must be float32, bfloat16 or float16, got {x.dtype}")
+    if is_dtensor(weight) or is_dtensor(x):  # fp8mix.Linear hands its local shards in (fp8mix.nn._tp)
+        raise NotImplementedError(f"fp8mix.{name}: a DTensor {'weight' if is_dtensor(weight) else 'input'}; "
+                                  "tensor parallelism runs fp8mix.Linear layers only (torch's ColwiseParallel / "
+                                  f"RowwiseParallel, or TE's parallel_mode); {name} runs on whole tensors")
     if x.device != weight.device:
         raise ValueError(f"fp8mix.{name}: input is on {x.device}, weight on {weight.device}")
     if not x.is_cpu and not ops.has_kernels("scaled_mm", x.device):
@@ -161,14 +178,16 @@ def _flush_python_algo(m, recipe, fmt, g: int) -> None:
 
 
 def fp8_forward(m, x: torch.Tensor, weight: torch.Tensor, bias, *, layout: str, in_features: int,
-                out_features: int, is_first_microbatch, hp_forward, gemm: int = 0, input_cast=None):
+                out_features: int, is_first_microbatch, hp_forward, gemm: int = 0, input_cast=None,
+                tp_group=None):
     """GEMM `gemm` of the module under fp8_autocast (hp_forward(x): its high-precision forward).
 
     input_cast(m, x2, plan, replay) -> (x_autograd, xq, x_sinv, x_save, x_save_sinv) replaces
     the cast of x for modules that produce the GEMM's FP8 input themselves (a norm or an
     activation fused with the cast): x_autograd is the tensor whose gradient receives dx
     (its grad_fn: the fused op's backward), the rest as _casts.cast_input returns, under the
-    same contract."""
+    same contract. tp_group: the tensor-parallel group of a module computing on its shard
+    (fp8mix.nn._tp): every amax is all-reduced over it too."""
     eager = not torch.compiler.is_compiling()  # asked once per forward (a Python call each time)
     recompute = eager and in_recompute(eager=True) and torch.is_grad_enabled()
     replay = m._replay[gemm].take() if recompute else None
@@ -181,13 +200,17 @@ def fp8_forward(m, x: torch.Tensor, weight: torch.Tensor, bias, *, layout: str, 
         if frame is None or not (frame.enabled or frame.calibrating):
             return hp_forward(x)
         if not frame.enabled:  # calibrating=True, enabled=False
-            return _calibrate(m, x, weight, frame, hp_forward, in_features, out_features, gemm)
+            return _calibrate(m, x, weight, frame, hp_forward, in_features, out_features, gemm, tp_group)
     _check_input(m, x, weight, in_features)
     note_module_ran()
     if _small_or_empty(m, x, in_features, out_features):
         return hp_forward(x)
     nv = replay.recipe if replay is not None else frame.recipe if frame is not None else None
     if isinstance(nv, NVFP4BlockScaling):
+        if tp_group is not None:  # (its per-tensor scale would come from each rank's shard alone)
+            raise NotImplementedError(f"fp8mix.{type(m).__name__}: NVFP4BlockScaling under tensor parallelism is "
+                                      "not implemented (its tensor scales are not all-reduced over the TP group); "
+                                      "use an FP8 recipe")
         keep = (not recompute and eager and torch.is_grad_enabled() and under_saved_tensor_hooks(eager=True))
         return nvfp4_forward(m, x, weight, bias, recipe=nv, layout=layout, in_features=in_features,
                              out_features=out_features, out_dtype=hp_out_dtype(x, weight.dtype),
@@ -199,7 +222,7 @@ def fp8_forward(m, x: torch.Tensor, weight: torch.Tensor, bias, *, layout: str, 
     direct_ok = (input_cast is None and is_first_microbatch is not False and x2.is_cpu and type(x2) is torch.Tensor
                  and type(weight) in _PLAIN and (bias is None or type(bias) in _PLAIN))
     plan = make_plan(m, x2, weight, frame, replay, recompute, layout, is_first_microbatch, wants_grad,
-                     hp_out_dtype(x, weight.dtype), gemm, direct_ok, eager=eager)
+                     hp_out_dtype(x, weight.dtype), gemm, direct_ok, eager=eager, tp_group=tp_group)
     path = plan.path
     if path is Path.AXIS:
         if input_cast is not None:
@@ -239,7 +262,7 @@ def _keep_for_recompute(m, plan: StepPlan, gemm: int, wants_grad: bool, recomput
 
 
 def make_plan(m, x2, weight, frame, replay, recompute: bool, layout: str, is_first_microbatch, wants_grad: bool,
-              out_dtype, gemm: int, direct_ok: bool = False, *, eager: bool) -> StepPlan:
+              out_dtype, gemm: int, direct_ok: bool = False, *, eager: bool, tp_group=None) -> StepPlan:
     """This call's decisions, its Path among them: a replay's, or the recipe's with the
     module's FP8 state (a training forward records; anything else only reads). direct_ok:
     the caller's part of whether the direct path may run it (then the delayed flush runs
@@ -250,6 +273,8 @@ def make_plan(m, x2, weight, frame, replay, recompute: bool, layout: str, is_fir
     else:
         recipe, monitor = frame.recipe, frame.monitor
         group = reduce_group(frame.group) if recipe.reduce_amax else None
+        if tp_group is not None:
+            group = amax_groups(group, tp_group)
         record = (torch.is_grad_enabled() and m.training) or frame.calibrating
         if not record:
             m._nograd_frame = frame  # for a reentrant checkpoint's recompute of this forward
@@ -296,7 +321,7 @@ def make_plan(m, x2, weight, frame, replay, recompute: bool, layout: str, is_fir
     return plan
 
 
-def _calibrate(m, x, weight, frame, hp_forward, in_features: int, out_features: int, gemm: int):
+def _calibrate(m, x, weight, frame, hp_forward, in_features: int, out_features: int, gemm: int, tp_group=None):
     """fp8_autocast(enabled=False, calibrating=True): high precision, and a delayed recipe's
     input and weight amaxes recorded (Transformer Engine's calibration)."""
     recipe = frame.recipe
@@ -304,7 +329,7 @@ def _calibrate(m, x, weight, frame, hp_forward, in_features: int, out_features: 
         _check_input(m, x, weight, in_features)
         note_module_ran()
         spec = delayed_spec(recipe)
-        group = reduce_group(frame.group)
+        group = amax_groups(reduce_group(frame.group), tp_group)
         with torch.no_grad():
             for role, t in ((3 * gemm, x.reshape(-1, in_features)), (3 * gemm + 1, weight)):
                 am = ops.amax(t.detach())

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from ..context import as_bool, current_frame
 from ..ops import NormKind
 from ._forward import fp8_forward, frame_for
+from ._tp import is_dtensor, norm_linear_tp_forward, te_parallel_norm
 from .fp8_state import FP8StateMixin
 from .fused_casts import has_fused_kernels, norm_input_cast
 from .norms import NormSpec, norm_hp, norm_spec
@@ -107,8 +108,13 @@ class LayerNormLinear(TECheckpointMixin, FP8StateMixin, _LayerNormLinearBase):
     in high precision too), return_bias=False (the bias is not added but returned:
     ``(out, bias)``), params_dtype / dtype, device, init_method (a callable on the weight;
     default normal(0, 0.023) as TE). get_rng_state_tracker, name, ... are accepted and
-    ignored; tensor/sequence parallelism, ub_* overlap, fuse_wgrad_accumulation and
-    parallel_mode raise NotImplementedError."""
+    ignored. tp_group, tp_size, sequence_parallel and parallel_mode="column" shard it as
+    TE's column-parallel LayerNormLinear (fp8mix.nn._tp.te_parallel_norm: built whole from
+    the seed, then the GEMM's weight and bias hold the rank's rows, the norm's parameters
+    are replicated; sequence_parallel: the input is the rank's rows of dim 0, normalised
+    there and all-gathered before the GEMM). Under TP the norm runs in torch, then the
+    Linear's FP8 cast (no fused norm kernel). parallel_mode="row", ub_* overlap and
+    fuse_wgrad_accumulation raise NotImplementedError."""
 
     fp8_min_features = 16
 
@@ -116,7 +122,8 @@ class LayerNormLinear(TECheckpointMixin, FP8StateMixin, _LayerNormLinearBase):
                  normalization: str = "LayerNorm", zero_centered_gamma: bool = False,
                  return_layernorm_output: bool = False, return_bias: bool = False,
                  params_dtype: Optional[torch.dtype] = None, device=None, init_method: Optional[Callable] = None,
-                 *, dtype: Optional[torch.dtype] = None, **te_kwargs):
+                 *, dtype: Optional[torch.dtype] = None, tp_group=None, tp_size: int = 1,
+                 sequence_parallel: bool = False, parallel_mode: Optional[str] = None, **te_kwargs):
         owner = "LayerNormLinear"
         te_options(owner, te_kwargs)
         for name, v in (("bias", bias), ("return_layernorm_output", return_layernorm_output),
@@ -129,12 +136,16 @@ class LayerNormLinear(TECheckpointMixin, FP8StateMixin, _LayerNormLinearBase):
         self.eps, self.normalization, self.zero_centered_gamma = float(eps), normalization, zero_centered_gamma
         self.reset_parameters()
         self._init_fp8_state(self.weight.device)
+        te_parallel_norm(self, tp_group=tp_group, tp_size=tp_size, sequence_parallel=sequence_parallel,
+                         parallel_mode=parallel_mode)
 
     def forward(self, inp: torch.Tensor, is_first_microbatch=None):
         """norm(inp) W^T + b; in FP8 inside fp8_autocast (is_first_microbatch: as
         fp8mix.Linear). Returns out, or (out, bias) / (out, ln_out) / (out, bias, ln_out)."""
         if is_first_microbatch is not None:
             as_bool("fp8mix.LayerNormLinear", "is_first_microbatch", is_first_microbatch)
+        if is_dtensor(self.weight):  # column parallel (TE's arguments)
+            return self._tp_forward(inp, is_first_microbatch)
         bias = None if self.return_bias else self.bias
         gamma, beta, spec = self.layer_norm_weight, self.layer_norm_bias, self._spec
         keep: list = []
@@ -154,6 +165,20 @@ class LayerNormLinear(TECheckpointMixin, FP8StateMixin, _LayerNormLinearBase):
             keep.append(ln)
             out = fp8_forward(self, ln, self.weight, bias, hp_forward=lambda t: F.linear(t, self.weight, bias), **kw)
         return self._outputs(out, keep)
+
+    def _tp_forward(self, inp, is_first_microbatch):
+        spec = self._spec
+
+        def local(xl, wl, bl, in_f: int, out_f: int, group):
+            return fp8_forward(self, xl, wl, bl, layout="out_in", in_features=in_f, out_features=out_f,
+                               is_first_microbatch=is_first_microbatch, hp_forward=lambda t: F.linear(t, wl, bl),
+                               tp_group=group)
+
+        out, bias, ln = norm_linear_tp_forward(
+            self, inp, lambda t: norm_hp(spec, t, self.layer_norm_weight, self.layer_norm_bias),
+            is_first_microbatch=is_first_microbatch, return_bias=self.return_bias, local_forward=local)
+        extra = ([bias] if self.return_bias else []) + ([ln] if self.return_layernorm_output else [])
+        return (out, *extra) if extra else out
 
     def _outputs(self, out, keep):
         extra = []

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 
 from ..context import as_bool, current_frame
 from ._forward import fp8_forward
+from ._tp import is_dtensor, te_parallel, tp_linear_forward
 from .fp8_state import FP8StateMixin
 from .fp8_weight import FP8WeightBase
 from .smooth import DEFAULT_ALPHA, smooth_operands
@@ -62,8 +63,13 @@ class LinearForward:
         record). Ignored outside fp8_autocast."""
         if is_first_microbatch is not None:
             as_bool(f"fp8mix.{type(self).__name__}", "is_first_microbatch", is_first_microbatch)
+<<<<<<< HEAD
         if self.fp8_smooth and current_frame() is not None:
             return self._smoothed_forward(x)
+=======
+        if is_dtensor(self.weight):  # tensor parallel: the FP8 GEMMs on the local shards
+            return self._tp_forward(x, is_first_microbatch)
+>>>>>>> scale-tp
         if getattr(self, "return_bias", False):  # TE's return_bias: the bias is returned, not added
             y = fp8_forward(self, x, self.weight, None, layout="out_in", in_features=self.in_features,
                             out_features=self.out_features, is_first_microbatch=is_first_microbatch,
@@ -72,6 +78,20 @@ class LinearForward:
         return fp8_forward(self, x, self.weight, self.bias, layout="out_in", in_features=self.in_features,
                            out_features=self.out_features, is_first_microbatch=is_first_microbatch,
                            hp_forward=self._hp_forward)
+
+    def _tp_forward(self, x, is_first_microbatch):
+        return_bias = getattr(self, "return_bias", False)
+        bias = None if return_bias else self.bias
+
+        def local(xl, wl, bl, in_f: int, out_f: int, group):
+            return fp8_forward(self, xl, wl, bl, layout="out_in", in_features=in_f, out_features=out_f,
+                               is_first_microbatch=is_first_microbatch, hp_forward=lambda t: F.linear(t, wl, bl),
+                               tp_group=group)
+
+        y = tp_linear_forward(self, x, self.weight, bias, in_features=self.in_features,
+                              out_features=self.out_features, is_first_microbatch=is_first_microbatch,
+                              local_forward=local)
+        return (y, self.bias) if return_bias else y
 
     def _hp_forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
@@ -106,8 +126,13 @@ class Linear(FP8StateMixin, LinearForward, nn.Linear):
     ``init_method`` (a callable run on the weight, also by ``reset_parameters``; None keeps
     nn.Linear's initialisation, where TE's default is normal(0, 0.023)), ``return_bias``
     (forward returns ``(y, bias)`` without adding the bias) and ``get_rng_state_tracker`` /
-    ``name`` (ignored); tensor/sequence parallelism, ``ub_*`` overlap,
-    ``fuse_wgrad_accumulation`` and ``parallel_mode`` raise NotImplementedError.
+    ``name`` (ignored); ``tp_group``, ``tp_size``, ``sequence_parallel`` and
+    ``parallel_mode`` ("column" / "row" / None) shard it over the tensor-parallel group as
+    TE does (fp8mix.nn._tp.te_parallel: built whole from the seed on every rank, then its
+    weight becomes a DTensor holding the rank's shard); ``ub_*`` overlap and
+    ``fuse_wgrad_accumulation`` raise NotImplementedError. Under torch's ColwiseParallel /
+    RowwiseParallel (a DTensor weight) the FP8 GEMMs run on the local shards with every
+    amax all-reduced over the TP group (fp8mix.nn._tp).
     """
 
     return_bias = False
@@ -115,7 +140,8 @@ class Linear(FP8StateMixin, LinearForward, nn.Linear):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None, *,
                  params_dtype: Optional[torch.dtype] = None, init_method: Optional[Callable] = None,
-                 return_bias: bool = False, **te_kwargs):
+                 return_bias: bool = False, tp_group=None, tp_size: int = 1, sequence_parallel: bool = False,
+                 parallel_mode: Optional[str] = None, **te_kwargs):
         te_options("Linear", te_kwargs)
         as_bool("fp8mix.Linear", "return_bias", return_bias)
         if init_method is not None and not callable(init_method):
@@ -126,6 +152,8 @@ class Linear(FP8StateMixin, LinearForward, nn.Linear):
                          dtype=params_dtype_of("Linear", params_dtype, dtype))
         self.return_bias = return_bias
         self._init_fp8_state(self.weight.device)
+        te_parallel(self, tp_group=tp_group, tp_size=tp_size, sequence_parallel=sequence_parallel,
+                    parallel_mode=parallel_mode)
 
     def reset_parameters(self) -> None:
         super().reset_parameters()

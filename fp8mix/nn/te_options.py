@@ -2,9 +2,10 @@
 keys. A leaf of fp8mix.nn (it imports no other fp8mix module), so every module can use it.
 
 * :func:`te_options` checks the keyword arguments a TE script passes that have no
-  meaning for fp8mix's single-device modules: tensor / sequence parallelism, userbuffer
-  overlap (``ub_*``), fused wgrad accumulation and ``parallel_mode`` raise
-  ``NotImplementedError`` naming the option (never silently ignored);
+  meaning for fp8mix's single-device modules: tensor / sequence parallelism (which
+  fp8mix.Linear takes itself: fp8mix.nn._tp), userbuffer overlap (``ub_*``), fused wgrad
+  accumulation and ``parallel_mode`` raise ``NotImplementedError`` naming the option
+  (never silently ignored);
   ``get_rng_state_tracker``, ``name``, ``seq_length`` ... are accepted and ignored; any
   other name is a ``TypeError`` as Python's own.
 * :func:`params_dtype_of` merges TE's ``params_dtype`` with torch's ``dtype``;
@@ -41,6 +42,7 @@ _UNSUPPORTED = {
     "symmetric_ar_type": (None, "symmetric all-reduce"),
     "save_original_input": (False, "saving the high-precision input for backward"),
 }
+_LINEAR_ONLY = ("tp_group", "tp_size", "sequence_parallel", "parallel_mode")  # fp8mix.Linear takes these itself
 # Accepted and ignored: labels, and hints for TE's JIT warm-up or RNG forks with no
 # meaning here.
 _IGNORED = {"get_rng_state_tracker", "rng_tracker_name", "name", "ub_name", "seq_length", "micro_batch_size",
@@ -59,9 +61,12 @@ def te_options(owner: str, options: dict) -> None:
         if key in _UNSUPPORTED:
             off, what = _UNSUPPORTED[key]
             if not (value is off or value == off or (value is None and off is False)):
+                hint = ("fp8mix.Linear (column and row) and fp8mix.LayerNormLinear (column) implement it (tp_group, "
+                        "tp_size, sequence_parallel, parallel_mode), and torch's ColwiseParallel / RowwiseParallel "
+                        "serve fp8mix.Linear layers"
+                        if key in _LINEAR_ONLY else "use torch's DDP or FSDP2 for data parallelism")
                 raise NotImplementedError(f"fp8mix.{owner}: {key}={value!r} asks for Transformer Engine's {what}, "
-                                          "which fp8mix does not implement (its modules run on one device; use "
-                                          "torch's DDP or FSDP2 for data parallelism)")
+                                          f"which fp8mix does not implement for {owner}; {hint}")
             continue
         if key not in _IGNORED:
             raise TypeError(f"fp8mix.{owner}() got an unexpected keyword argument {key!r}")

@@ -2,9 +2,10 @@
 file (the file run as a script), the workers' results read back by the tests, and a
 counter of what torch.distributed's collectives move.
 
-    launch(script, out_dir)   runs `script rank port out_dir *args` on 2 processes; returns each
-                              rank's saved results (a dict per scenario), or fails the test
-                              with the workers' output (a timeout included: never a hang)
+    launch(script, out_dir)   runs `script rank port out_dir *args` on 2 processes (world=4:
+                              four); returns each rank's saved results (a dict per
+                              scenario), or fails the test with the workers' output (a
+                              timeout included: never a hang)
     init_worker(rank, port)   the worker's process group: gloo, its timeout bounded to 60 s
     Collectives               counts bytes and calls of the all-gathers and all-reduces
                               FSDP2 and fp8mix make, by wrapping torch.distributed's functions
@@ -36,8 +37,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(script: str, out_dir, timeout_s: int = LAUNCH_TIMEOUT_S, args: tuple = ()) -> list:
-    """Run `script` as WORLD worker processes and return their results (rank order);
+def launch(script: str, out_dir, timeout_s: int = LAUNCH_TIMEOUT_S, world: int = WORLD, args: tuple = ()) -> list:
+    """Run `script` as `world` worker processes and return their results (rank order);
     `args` follow the rank, port and out_dir on each worker's command line."""
     port = _free_port()
     path = os.pathsep.join([_ROOT, _TESTS, os.path.dirname(os.path.abspath(__file__)),
@@ -45,7 +46,7 @@ def launch(script: str, out_dir, timeout_s: int = LAUNCH_TIMEOUT_S, args: tuple 
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=path)
     argv = [str(port), str(out_dir), *map(str, args)]
     procs = [subprocess.Popen([sys.executable, os.path.abspath(script), str(r), *argv], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(WORLD)]
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
     logs = []
     deadline = time.time() + timeout_s
     for p in procs:
@@ -58,7 +59,7 @@ def launch(script: str, out_dir, timeout_s: int = LAUNCH_TIMEOUT_S, args: tuple 
             logs.append(p.communicate()[0])
             pytest.fail(f"workers timed out after {timeout_s}s:\n" + "\n".join(log[-3000:] for log in logs))
     res = []
-    for r in range(WORLD):
+    for r in range(world):
         f = os.path.join(str(out_dir), f"rank{r}.pt")
         if not os.path.exists(f):
             pytest.fail(f"rank {r} saved no results (exit {procs[r].returncode}):\n{logs[r][-4000:]}")
@@ -76,11 +77,11 @@ def get(runs: list, name: str) -> list:
     return [res[name] for res in runs]
 
 
-def init_worker(rank: int, port: int) -> None:
+def init_worker(rank: int, port: int, world: int = WORLD) -> None:
     import torch.distributed as dist
     torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD))
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=GLOO_TIMEOUT_S))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=GLOO_TIMEOUT_S))
 
 
 def run_scenarios(rank: int, out_dir: str, scenarios: list) -> None:

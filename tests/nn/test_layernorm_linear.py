@@ -96,13 +96,17 @@ def test_te_signature_parameters_and_keys():
     assert m2.weight.is_meta
 
 
-@pytest.mark.parametrize("option,value", [("tp_group", object()), ("tp_size", 2), ("sequence_parallel", True),
-                                          ("fuse_wgrad_accumulation", True), ("parallel_mode", "column"),
-                                          ("ub_overlap_ag", True), ("ub_bulk_wgrad", True),
-                                          ("parameters_split", ("query", "key"))])
+@pytest.mark.parametrize("option,value", [("fuse_wgrad_accumulation", True), ("ub_overlap_ag", True),
+                                          ("ub_bulk_wgrad", True), ("parameters_split", ("query", "key"))])
 def test_unimplemented_te_options_raise(option, value):
     with pytest.raises(NotImplementedError, match=f"{option}.*fp8mix does not implement"):
         fp8mix.LayerNormLinear(32, 32, **{option: value})
+
+
+def test_te_row_parallel_is_refused():
+    """Column mode is TE's (tests/nn/test_linear_te_options.py, tests/distributed/)."""
+    with pytest.raises(NotImplementedError, match="parallel_mode='row'"):
+        fp8mix.LayerNormLinear(32, 32, parallel_mode="row")
 
 
 def test_accepted_and_unknown_options():

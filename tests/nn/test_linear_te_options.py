@@ -64,16 +64,25 @@ def test_return_bias_returns_the_bias_instead_of_adding_it(recipe):
 
 def test_te_options_ignored_and_refused():
     fp8mix.Linear(32, 48, get_rng_state_tracker=None, name="proj")  # accepted, no meaning here
-    with pytest.raises(NotImplementedError, match="sequence parallelism"):
-        fp8mix.Linear(32, 48, sequence_parallel=True)
-    with pytest.raises(NotImplementedError, match="tensor parallelism"):
-        fp8mix.Linear(32, 48, parallel_mode="column")
     with pytest.raises(NotImplementedError, match="userbuffer"):
         fp8mix.Linear(32, 48, ub_overlap_ag=True)
     with pytest.raises(TypeError, match="unexpected keyword argument 'bogus'"):
         fp8mix.Linear(32, 48, bogus=1)
     with pytest.raises(TypeError, match="return_bias"):
         fp8mix.Linear(32, 48, return_bias=1)
+
+
+@pytest.mark.parametrize("cls", [fp8mix.Linear, fp8mix.LayerNormLinear])
+def test_te_tensor_parallel_options_on_one_process(cls):
+    """TE's tensor-parallel options with one rank (tp_size 1): the layer is whole, as in TE;
+    more ranks need torch.distributed (tests/distributed/test_tensor_parallel.py runs them
+    on 2 processes)."""
+    lone = cls(32, 48, parallel_mode="column", sequence_parallel=True)
+    assert type(lone.weight) is torch.nn.Parameter and lone.weight.shape == (48, 32)
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        cls(32, 48, tp_size=2, parallel_mode="column")
+    with pytest.raises(ValueError, match="parallel_mode must be 'column', 'row' or None"):
+        cls(32, 48, parallel_mode="colwise")
 
 
 def test_converted_layers_keep_nn_linears_behaviour():
