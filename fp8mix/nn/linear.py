@@ -63,13 +63,13 @@ class LinearForward:
         record). Ignored outside fp8_autocast."""
         if is_first_microbatch is not None:
             as_bool(f"fp8mix.{type(self).__name__}", "is_first_microbatch", is_first_microbatch)
-<<<<<<< HEAD
+        if is_dtensor(self.weight):  # tensor parallel: the FP8 GEMMs on the local shards
+            if self.fp8_smooth:
+                raise NotImplementedError(f"fp8mix.{type(self).__name__}: fp8_smooth (per-channel smoothing) is not "
+                                          "supported under tensor parallel")
+            return self._tp_forward(x, is_first_microbatch)
         if self.fp8_smooth and current_frame() is not None:
             return self._smoothed_forward(x)
-=======
-        if is_dtensor(self.weight):  # tensor parallel: the FP8 GEMMs on the local shards
-            return self._tp_forward(x, is_first_microbatch)
->>>>>>> scale-tp
         if getattr(self, "return_bias", False):  # TE's return_bias: the bias is returned, not added
             y = fp8_forward(self, x, self.weight, None, layout="out_in", in_features=self.in_features,
                             out_features=self.out_features, is_first_microbatch=is_first_microbatch,
