@@ -75,7 +75,7 @@ check-circles: $(CORE_LIB)
 FUZZ_CC      ?= clang
 FUZZ_SECONDS ?= 60
 FUZZ_BUILD   ?= build/fuzz
-FUZZ_TARGETS := cast quantize gemm philox stats nvfp4
+FUZZ_TARGETS := cast quantize gemm philox stats nvfp4 grouped
 FUZZ_CFLAGS  := -std=c11 -g -O1 -fno-omit-frame-pointer -ffp-contract=off -fno-fast-math \
                 -D_POSIX_C_SOURCE=200809L -Icsrc/include -Icsrc/core \
                 -fsanitize=address,undefined -fno-sanitize-recover=all

@@ -215,3 +215,8 @@ def _nvfp4_mm_fake(a, a_block_scale, a_scale_inv, b, b_block_scale, b_scale_inv)
 @torch.library.register_fake("fp8mix::rht16")
 def _rht16_fake(x, signs):
     return torch.empty_like(x)
+
+
+@torch.library.register_fake("fp8mix::scaled_grouped_mm")
+def _scaled_grouped_mm_fake(a, b, scale_a, scale_b, offs, scale_kind, bias=None, out_dtype=None):
+    return a.new_empty((a.shape[0], b.shape[-1]), dtype=out_dtype or torch.float32)

@@ -34,7 +34,7 @@ __all__ = ["cast", "quantize_current", "quantize_mx", "amax", "compute_scale", "
            "norm_delayed_cast", "act_cast", "act_delayed_cast", "linear_delayed_casts", "linear_current_casts",
            "linear_backward", "CudaHooks", "set_cuda_hooks", "QUANT_STATS_N",
            "delayed_scale_update", "cuda_hw_convert", "cuda_check_scales", "quantize_nvfp4", "dequantize_nvfp4",
-           "nvfp4_mm", "rht16"]
+           "nvfp4_mm", "rht16", "scaled_grouped_mm", "grouped_scale_kind"]
 
 
 class CudaHooks(Protocol):
@@ -177,6 +177,39 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: 
         if _cuda_hooks is None:
             raise
         return _cuda_hooks.scaled_mm_refused(e, a, b, scale_a, scale_b, bias, out_dtype)
+
+
+def grouped_scale_kind(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor) -> int:
+    """The fp8mix_mm_scale code of a grouped GEMM's scales from their shapes (a (M, K), b
+    (G, K, N)): per group (G) and (G); per row of a (M) and per group and column (G, N);
+    1x128 / 128x128 blocks (M, ceil(K/128)) and (G, ceil(K/128), ceil(N/128)); MX (M,
+    ceil(K/32)) and (G, N, ceil(K/32))."""
+    M, K = a.shape[0], a.shape[-1]
+    G, N = b.shape[0], b.shape[-1]
+    kb, kb32, nb = -(-K // 128), -(-K // 32), -(-N // 128)
+    sa, sb = tuple(scale_a.shape), tuple(scale_b.shape)
+
+    def vector(shape: tuple, n: int) -> bool:  # (n,) or (n, 1)
+        return shape in ((n,), (n, 1))
+    fits = (vector(sa, G) and vector(sb, G), vector(sa, M) and sb == (G, N), sa == (M, kb) and sb == (G, kb, nb),
+            sa == (M, kb32) and sb == (G, N, kb32))
+    found = [code for code, ok in enumerate(fits) if ok]
+    if len(found) == 1:
+        return found[0]
+    why = "ambiguous: pass scale_kind" if found else "no scale layout matches"
+    raise ValueError(f"fp8mix.scaled_grouped_mm: scales {sa} and {sb} for a {tuple(a.shape)} and b "
+                     f"{tuple(b.shape)}: {why} (per group: ({G},) and ({G},); rowwise: ({M},) and ({G}, {N}); "
+                     f"block: ({M}, {kb}) and ({G}, {kb}, {nb}); MX: ({M}, {kb32}) and ({G}, {N}, {kb32}))")
+
+
+def scaled_grouped_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, *,
+                      offs: torch.Tensor, bias: Optional[torch.Tensor] = None, out_dtype: torch.dtype = torch.float32,
+                      scale_kind: Optional[int] = None) -> torch.Tensor:
+    """Grouped scaled GEMM (torch._scaled_grouped_mm's 2-D x 3-D case, CPU): rows
+    [offs[g-1], offs[g]) of a (M, K) times b[g] (K, N), each group with its own scales
+    (see grouped_scale_kind), bias (G, N); groups may be empty or of any size. One C call."""
+    kind = grouped_scale_kind(a, b, scale_a, scale_b) if scale_kind is None else scale_kind
+    return _ops.scaled_grouped_mm(a, b, scale_a, scale_b, offs, kind, bias, out_dtype)
 
 
 # ---- the per-tensor recipes' state (csrc/core/recipe.c) -------------------------------

@@ -527,6 +527,24 @@ typedef struct fp8mix_gemm_args {
  * another kind, promote_interval < 0), UNSUPPORTED (MX with ACCUM_FP22). */
 fp8mix_status fp8mix_gemm(const fp8mix_gemm_args *args);
 
+/* Grouped GEMM (mixture-of-experts layers; torch._scaled_grouped_mm's 2-D x 3-D case): the
+ * rows of A (args->m in all) are cut into `groups` consecutive groups, group g holding rows
+ * [offs[g-1], offs[g]) (offs[-1] = 0; offs non-decreasing, offs[groups-1] = m; a group may
+ * be empty), and group g's rows of out are its rows of A times B_g = args->b + g * stride_b
+ * (a K x N matrix in args->b_layout, stride ldb; stride_b in elements, at least B's extent),
+ * with group g's scales:
+ *   scale_a  TENSOR: one per group (groups values); OUTER: one per row of A (m);
+ *            BLOCK / MX: the rows' tiles, as fp8mix_gemm's, for all m rows
+ *   scale_b  TENSOR: groups values; OUTER: groups x N; BLOCK: groups x ceil(K/128) x
+ *            ceil(N/128); MX: groups x N x ceil(K/32)
+ *   bias     NULL or groups x N values of bias_t
+ * Everything else as fp8mix_gemm.  Each group's rows are bit for bit fp8mix_gemm of that
+ * group alone.  Every group is checked before any is computed (an error writes nothing).
+ * Errors: those of fp8mix_gemm for any group; BAD_ARG (groups or stride_b negative, offs
+ * decreasing or not ending at m); BAD_SHAPE (B_g overlapping B_{g+1}). */
+fp8mix_status fp8mix_gemm_grouped(const fp8mix_gemm_args *args, int64_t groups, const int64_t *offs,
+                                  int64_t stride_b);
+
 /* ---- per-tensor recipes: delayed-scaling state and a linear layer's casts ---
  *
  * A module's delayed-scaling state holds R tensor roles ("columns"; a linear

@@ -131,6 +131,9 @@ bool cuda_get_check_scales();
 // ---- direct.cpp: fp8mix.nn's eager entry points, added to the module by PyInit__C -------
 void add_direct_calls(PyObject *module);
 
+Tensor scaled_grouped_mm_cpu(const Tensor &a, const Tensor &b, const Tensor &scale_a, const Tensor &scale_b,
+                             const Tensor &offs, int64_t scale_kind, const OptTensor &bias, OptDtype out_dtype);
+
 // ---- nvfp4_cpu.cpp: NVFP4 quantisation, decoding, GEMM, Hadamard transform ------------
 Tensors3 quantize_nvfp4_cpu(const Tensor &x, const Tensor &global_amax, bool tile_2d, bool stochastic, int64_t seed,
                             int64_t offset, const OptTensor &rng, int64_t rng_skip);

@@ -323,6 +323,76 @@ Tensor scaled_mm_cpu(const Tensor &a, const Tensor &b, const Tensor &scale_a, co
     return out;
 }
 
+// The grouped GEMM (fp8mix_gemm_grouped): a (M, K) FP8, b (G, K, N) FP8 whose groups are
+// row-major K x N or column-major (b = w.transpose(-2, -1) of (G, N, K) weights), offs (G)
+// the groups' cumulative row ends, scale_kind the fp8mix_mm_scale of both operands (chosen by
+// fp8mix.ops from the scales' shapes), scales float32 as fp8mix.h states per kind, bias (G, N).
+Tensor scaled_grouped_mm_cpu(const Tensor &a, const Tensor &b, const Tensor &scale_a, const Tensor &scale_b,
+                             const Tensor &offs, int64_t scale_kind, const OptTensor &bias, OptDtype out_dtype)
+{
+    const char *op = "scaled_grouped_mm";
+    check_on(a, kCPU, op, "a");
+    check_on(b, kCPU, op, "b");
+    TORCH_CHECK_VALUE(a.dim() == 2, "fp8mix.", op, ": a must be 2-D (M, K), got ", a.sizes());
+    TORCH_CHECK_VALUE(b.dim() == 3, "fp8mix.", op, ": b must be 3-D (groups, K, N), got ", b.sizes());
+    const int64_t M = a.size(0), K = a.size(1), G = b.size(0), N = b.size(2);
+    TORCH_CHECK_VALUE(b.size(1) == K, "fp8mix.", op, ": a is (M, K) = ", a.sizes(), " but b's groups are (K, N) = (",
+                      b.size(1), ", ", N, ")");
+    const fp8mix_format fa = fp8_format(a.scalar_type(), op), fb = fp8_format(b.scalar_type(), op);
+    TORCH_CHECK_VALUE(scale_kind >= 0 && scale_kind <= 3, "fp8mix.", op, ": scale_kind must be 0..3, got ",
+                      scale_kind);
+    TORCH_CHECK_TYPE(offs.scalar_type() == at::kInt || offs.scalar_type() == at::kLong, "fp8mix.", op,
+                     ": offs must be int32 or int64, got ", offs.scalar_type());
+    TORCH_CHECK_VALUE(offs.dim() == 1 && offs.size(0) == G, "fp8mix.", op, ": offs must have one entry per group (",
+                      G, "), got shape ", offs.sizes());
+    check_on(offs, kCPU, op, "offs");
+    const Tensor off = offs.to(at::kLong).contiguous();
+    const Tensor ac = a.stride(1) == 1 ? a : a.contiguous();
+    Tensor bc = b;
+    fp8mix_b_layout bl;
+    int64_t ldb;
+    if (b.stride(2) == 1 && b.stride(1) >= N) { bl = FP8MIX_B_KN; ldb = b.stride(1); }
+    else if (b.stride(1) == 1 && b.stride(2) >= K) { bl = FP8MIX_B_NK; ldb = b.stride(2); }
+    else { bc = b.contiguous(); bl = FP8MIX_B_KN; ldb = N; }
+    const auto kind = (fp8mix_mm_scale)scale_kind;
+    const Tensor sa = scale_a.to(at::kFloat).contiguous(), sb = scale_b.to(at::kFloat).contiguous();
+    const int64_t kb128 = (K + 127) / 128, kb32 = (K + 31) / 32;
+    const int64_t want_a = kind == FP8MIX_MM_SCALE_TENSOR ? G : kind == FP8MIX_MM_SCALE_OUTER ? M
+                           : kind == FP8MIX_MM_SCALE_MX ? M * kb32 : M * kb128;
+    const int64_t want_b = kind == FP8MIX_MM_SCALE_TENSOR ? G : kind == FP8MIX_MM_SCALE_OUTER ? G * N
+                           : kind == FP8MIX_MM_SCALE_MX ? G * N * kb32 : G * kb128 * ((N + 127) / 128);
+    TORCH_CHECK_VALUE(sa.numel() == want_a && sb.numel() == want_b, "fp8mix.", op, ": scale kind ", scale_kind,
+                      " needs ", want_a, " scale_a and ", want_b, " scale_b values, got ", sa.numel(), " and ",
+                      sb.numel());
+    Tensor bias_c;
+    fp8mix_dtype bias_t = FP8MIX_F32;
+    if (bias.has_value() && bias->defined()) {
+        check_on(*bias, kCPU, op, "bias");
+        TORCH_CHECK_VALUE(bias->numel() == G * N, "fp8mix.", op, ": bias must be (groups, N) = (", G, ", ", N,
+                          "), got ", bias->sizes());
+        bias_t = hp_dtype(*bias, op, "bias");
+        bias_c = bias->contiguous();
+    }
+    const at::ScalarType odt = out_dtype.value_or(at::kFloat);
+    const fp8mix_dtype ot = hp_dtype(odt, op);
+    Tensor out = new_tensor({M, N}, a.options().dtype(odt));
+    fp8mix_gemm_args g;
+    std::memset(&g, 0, sizeof g);
+    g.m = M; g.n = N; g.k = K;
+    g.a = (const uint8_t *)ac.data_ptr(); g.fmt_a = fa; g.lda = ld_of(ac.stride(0)); g.a_layout = FP8MIX_A_MK;
+    g.b = (const uint8_t *)bc.data_ptr(); g.fmt_b = fb; g.ldb = ld_of(ldb); g.b_layout = bl;
+    g.scale_a = sa.data_ptr<float>(); g.scale_a_kind = kind;
+    g.scale_b = sb.data_ptr<float>(); g.scale_b_kind = kind;
+    g.bias = bias_c.defined() ? bias_c.data_ptr() : nullptr; g.bias_t = bias_t;
+    g.out = out.data_ptr(); g.out_t = ot; g.ldo = ld_of(N);
+    g.accum = FP8MIX_ACCUM_FP32;
+    g.order = (fp8mix_gemm_order)g_gemm_order.load(std::memory_order_relaxed);
+    sync_threads();
+    check_status(fp8mix_gemm_grouped(&g, G, off.data_ptr<int64_t>(), G > 1 ? bc.stride(0) : 0), op,
+                 "scales must be finite and > 0");
+    return out;
+}
+
 std::string cpu_isa() { return fp8mix_isa_name(fp8mix_active_isa()); }
 
 void set_max_isa(std::string name)
@@ -353,6 +423,7 @@ TORCH_LIBRARY_IMPL(fp8mix, CPU, m)
     m.impl("linear_delayed_casts", &linear_delayed_casts_cpu);
     m.impl("linear_current_casts", &linear_current_casts_cpu);
     m.impl("linear_backward", &linear_backward_cpu);
+    m.impl("scaled_grouped_mm", &scaled_grouped_mm_cpu);
     m.impl("quantize_nvfp4", &quantize_nvfp4_cpu);
     m.impl("dequantize_nvfp4", &dequantize_nvfp4_cpu);
     m.impl("nvfp4_mm", &nvfp4_mm_cpu);

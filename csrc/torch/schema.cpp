@@ -35,6 +35,10 @@ TORCH_LIBRARY(fp8mix, m)
     m.def("scaled_mm(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, Tensor? bias=None, "
           "ScalarType? out_dtype=None, str accumulate='fp32', int promote_interval=128, int scale_kind_a=-1, "
           "int scale_kind_b=-1) -> Tensor");
+    // The grouped GEMM (mixture of experts; torch._scaled_grouped_mm's 2-D x 3-D case): offs the
+    // groups' cumulative row ends, scale_kind fp8mix_mm_scale (fp8mix.ops infers it from the shapes).
+    m.def("scaled_grouped_mm(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, Tensor offs, int scale_kind, "
+          "Tensor? bias=None, ScalarType? out_dtype=None) -> Tensor");
     // The per-tensor recipes' state and casts (csrc/core/recipe.c); the state is updated in place.
     m.def("delayed_cast(Tensor x, Tensor(a!) amax_history, Tensor(b!) scale, Tensor(c!) steps, int role, "
           "int history_len, ScalarType fp8_dtype, int margin=0, bool power_2_scale=False, "

@@ -1,0 +1,71 @@
+/*
+ * gemm_grouped.c — the grouped GEMM of mixture-of-experts layers
+ * (fp8mix_gemm_grouped): the rows of A cut into consecutive groups, each
+ * multiplied by its own B with its own scales, in one call.
+ *
+ * Each group is fp8mix_gemm on that group's slice of every operand, so a
+ * group's rows are bit for bit what a single GEMM of the group gives (the
+ * header's promise; same order, same kernels, the same result for every
+ * thread count).  Every group's arguments are checked before any is
+ * computed, so an error leaves the output untouched.
+ */
+#include "gemm_internal.h"
+
+/* The arguments of group g (rows [r0, r1)) as a plain GEMM. */
+static fp8mix_gemm_args group_args(const fp8mix_gemm_args *G, int64_t g, int64_t r0, int64_t r1,
+                                   int64_t stride_b)
+{
+    fp8mix_gemm_args a = *G;
+    int64_t k = G->k, n = G->n;
+    a.m = r1 - r0;
+    a.a = G->a ? G->a + (G->a_layout == FP8MIX_A_MK ? r0 * G->lda : r0) : NULL;
+    a.b = G->b ? G->b + g * stride_b : NULL;
+    switch (G->scale_a_kind) {
+    case FP8MIX_MM_SCALE_TENSOR: a.scale_a = G->scale_a ? G->scale_a + g : NULL; break;
+    case FP8MIX_MM_SCALE_OUTER: a.scale_a = G->scale_a ? G->scale_a + r0 : NULL; break;
+    case FP8MIX_MM_SCALE_MX: a.scale_a = G->scale_a ? G->scale_a + r0 * ceil_div(k, FP8MIX_MX_BLOCK) : NULL; break;
+    default: a.scale_a = G->scale_a ? G->scale_a + r0 * ceil_div(k, FP8MIX_BLOCK) : NULL; break;
+    }
+    switch (G->scale_b_kind) {
+    case FP8MIX_MM_SCALE_TENSOR: a.scale_b = G->scale_b ? G->scale_b + g : NULL; break;
+    case FP8MIX_MM_SCALE_OUTER: a.scale_b = G->scale_b ? G->scale_b + g * n : NULL; break;
+    case FP8MIX_MM_SCALE_MX: a.scale_b = G->scale_b ? G->scale_b + g * n * ceil_div(k, FP8MIX_MX_BLOCK) : NULL; break;
+    default:
+        a.scale_b = G->scale_b ? G->scale_b + g * ceil_div(k, FP8MIX_BLOCK) * ceil_div(n, FP8MIX_BLOCK) : NULL;
+        break;
+    }
+    if (G->bias) a.bias = (const uint8_t *)G->bias + (size_t)(g * n) * dtype_size(G->bias_t);
+    a.out = G->out ? (uint8_t *)G->out + (size_t)(r0 * G->ldo) * dtype_size(G->out_t) : NULL;
+    return a;
+}
+
+fp8mix_status fp8mix_gemm_grouped(const fp8mix_gemm_args *args, int64_t groups, const int64_t *offs,
+                                  int64_t stride_b)
+{
+    if (!args) return FP8MIX_ERR_NULL_POINTER;
+    if (groups < 0 || stride_b < 0) return FP8MIX_ERR_BAD_ARG;
+    if (groups > 0 && !offs) return FP8MIX_ERR_NULL_POINTER;
+    if (args->m < 0) return FP8MIX_ERR_BAD_SHAPE;
+    int64_t prev = 0;
+    for (int64_t g = 0; g < groups; g++) {
+        if (offs[g] < prev) return FP8MIX_ERR_BAD_ARG; /* negative group size */
+        prev = offs[g];
+    }
+    if (prev != args->m) return FP8MIX_ERR_BAD_ARG; /* the groups must cover A's rows exactly */
+    /* B_g must not overlap the next one: its extent in elements */
+    int64_t b_extent = 0; /* an empty B (k or n zero) has none */
+    if (args->k > 0 && args->n > 0)
+        b_extent = args->b_layout == FP8MIX_B_KN ? (args->k - 1) * args->ldb + args->n
+                                                 : (args->n - 1) * args->ldb + args->k;
+    if (groups > 1 && stride_b < b_extent) return FP8MIX_ERR_BAD_SHAPE;
+    for (int pass = 0; pass < 2; pass++) { /* pass 0 checks every group, pass 1 computes */
+        int64_t r0 = 0;
+        for (int64_t g = 0; g < groups; g++) {
+            fp8mix_gemm_args a = group_args(args, g, r0, offs[g], stride_b);
+            fp8mix_status st = pass == 0 ? fp8mix_gemm_check_args(&a) : (a.m ? fp8mix_gemm(&a) : FP8MIX_OK);
+            if (st) return st;
+            r0 = offs[g];
+        }
+    }
+    return FP8MIX_OK;
+}
