@@ -411,12 +411,44 @@ def _run_checkpoints(rank, out_dir, state):
             "sd_equal": _same(_locals(trained), _locals(third))}
 
 
+def _run_from_one(rank, out_dir):
+    """The checkpoint one process saved (the fixture, before the launch), loaded on 2 ranks, then trained."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    model = _shard(make_model(seed=22))
+    sd = model.state_dict()
+    dcp.load(sd, checkpoint_id=f"{out_dir}/dcp1")
+    model.load_state_dict(sd)
+    loaded = {k: v.full_tensor().detach().clone() for k, v in model.named_parameters()}
+    opt = FP8MasterWeights(model.parameters(), torch.optim.AdamW, lr=1e-2)
+    t = torch.stack([train_step(model, opt, s, rank) for s in range(STEPS)])
+    dist.all_reduce(t)
+    return {"loaded": loaded, "losses": (t / WORLD).tolist()}
+
+
 def _worker(rank, port, out_dir):
     from fsdp_launch import init_worker, run_scenarios
     init_worker(rank, port)
     state: dict = {}
     run_scenarios(rank, out_dir, [("fsdp", lambda: _run_fsdp(rank, out_dir, state)), ("bf16", lambda: _run_bf16(rank)),
-                                  ("checkpoints", lambda: _run_checkpoints(rank, out_dir, state))])
+                                  ("checkpoints", lambda: _run_checkpoints(rank, out_dir, state)),
+                                  ("from_one", lambda: _run_from_one(rank, out_dir))])
+
+
+def _one_process_checkpoint(path) -> dict:
+    """A model with FP8 weights trained 2 steps in this process, saved by DCP (one rank)."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+    model = make_model(seed=21)
+    opt = FP8MasterWeights(model.parameters(), torch.optim.AdamW, lr=1e-2)
+    for s in range(2):
+        train_step(model, opt, s)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "torch.distributed is disabled")
+        dcp.save(model.state_dict(), checkpoint_id=str(path))
+    return {k: (p.dequantize() if isinstance(p, FP8Weight) else p.detach()).clone()
+            for k, p in model.named_parameters()}
 
 
 @pytest.fixture(scope="module")
@@ -425,7 +457,8 @@ def runs(tmp_path_factory):
         pytest.skip("torch.distributed with gloo not available")
     from fsdp_launch import launch
     out = tmp_path_factory.mktemp("fsdp_w")
-    return out, launch(__file__, out)
+    saved_by_one = _one_process_checkpoint(out / "dcp1")
+    return out, launch(__file__, out), saved_by_one
 
 
 def _get(runs, name):
@@ -476,6 +509,26 @@ def test_fsdp_checkpoints_round_trip_and_reshard_to_one_process(runs):
     from torch.distributed.checkpoint.api import CheckpointException  # (a BaseException)
     with pytest.raises(CheckpointException, match="Missing key in checkpoint state_dict: 0.weight"):
         dcp.load(plain.state_dict(), checkpoint_id=str(runs[0] / "dcp"))
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_one_process_checkpoint_reshards_to_two_ranks(runs):
+    """DCP 1 -> 2: what one process saved loads on 2 FSDP2 ranks exactly, and training goes on
+    as it does in one process from the same checkpoint (within the FSDP tolerance above)."""
+    import torch.distributed.checkpoint as dcp
+    saved = runs[2]
+    for r in _get(runs, "from_one"):
+        for k, v in saved.items():
+            assert torch.equal(r["loaded"][k], v), k
+    one = make_model(seed=23)
+    sd = one.state_dict()
+    dcp.load(sd, checkpoint_id=str(runs[0] / "dcp1"))
+    one.load_state_dict(sd)
+    opt = FP8MasterWeights(one.parameters(), torch.optim.AdamW, lr=1e-2)
+    single = [train_step(one, opt, s).item() for s in range(STEPS)]
+    (f, _) = _get(runs, "from_one")
+    rel = [abs(a - b) / abs(b) for a, b in zip(f["losses"], single)]
+    assert max(rel) <= 1e-4, (f["losses"], single)
 
 
 if __name__ == "__main__":
