@@ -138,6 +138,14 @@ def _run_fsdp2(rank, recipe_name):
     return {"losses": _global_losses(losses), "params": full, "fp8": fp8_state(model)}
 
 
+def _run_mismatch(rank, _recipe_name):
+    """Rank 0 in DelayedScaling, rank 1 in CurrentScaling: must be a clear error, never a hang."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    ddp = DDP(make_model())
+    train(ddp, ddp.parameters(), "delayed" if rank == 0 else "current", rank, steps=1)
+    return {"trained": True}
+
+
 def _worker(rank, port, out_dir):
     import datetime
     import traceback
@@ -148,7 +156,7 @@ def _worker(rank, port, out_dir):
     dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=20))
     results = {}
     for name, fn, rec in (("ddp_delayed", _run_ddp, "delayed"), ("ddp_current", _run_ddp, "current"),
-                          ("fsdp2_delayed", _run_fsdp2, "delayed")):
+                          ("fsdp2_delayed", _run_fsdp2, "delayed"), ("mismatch", _run_mismatch, "")):
         t0 = time.time()
         try:
             results[name] = fn(rank, rec)
@@ -206,6 +214,16 @@ def _get(runs, name):
         if "error" in res[name]:
             pytest.fail(f"{name} failed on rank {r}: {res[name]['error']}")
     return [res[name] for res in runs]
+
+
+def test_recipes_differing_across_ranks_are_a_clear_error(runs):
+    """Every rank raises a ValueError naming the first FP8 layer and the ranks that differ
+    (the workers' gloo timeout is 20 s: a hang would fail the fixture instead)."""
+    for r, res in enumerate(runs):
+        err = res["mismatch"].get("error", "")
+        assert err.startswith("ValueError: fp8mix.Linear"), (r, err[:300])
+        assert "run different FP8 recipes" in err and f"ranks [{1 - r}] differ" in err, (r, err[:300])
+        assert ("DelayedScaling" if r == 0 else "CurrentScaling") in err.splitlines()[0]
 
 
 def _single_process(recipe_name):

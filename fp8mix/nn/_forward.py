@@ -25,7 +25,7 @@ from ._casts import all_reduce_max, cast_input, cast_weight, input_layout, pytho
 from ._function import FP8LinearFunction, apply_fused
 from ._nvfp4 import nvfp4_forward
 from ._plan import Operands, Path, StepPlan, delayed_spec, fmt_dtype, grad_state, recipe_consts
-from ._tp import is_dtensor
+from ._tp import check_group_recipe, is_dtensor
 from .fp8_weight import FP8WeightBase, check_recipe
 from .observe import auto_forward, monitor_forward
 from .recompute import in_recompute, under_saved_tensor_hooks
@@ -276,6 +276,8 @@ def make_plan(m, x2, weight, frame, replay, recompute: bool, layout: str, is_fir
         if tp_group is not None:
             group = amax_groups(group, tp_group)
         record = (torch.is_grad_enabled() and m.training) or frame.calibrating
+        if group is not None and tp_group is None and record and eager and not recompute:
+            check_group_recipe(m, recipe, group, x2.device)  # once per module and recipe
         if not record:
             m._nograd_frame = frame  # for a reentrant checkpoint's recompute of this forward
         elif not recompute and m._nograd_frame is not None:  # (nn.Module.__setattr__ costs a microsecond)

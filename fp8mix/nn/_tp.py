@@ -120,6 +120,29 @@ def _check_same_recipe(m, group, is_first_microbatch, device) -> None:
                          "is_first_microbatch, train/eval mode)")
 
 
+def check_group_recipe(m, recipe, group, device) -> None:
+    """Once per module and recipe (the first training forward under fp8_autocast's group):
+    the ranks of the group whose amaxes are all-reduced run the same recipe, else a
+    ValueError naming the module on every rank (a difference would pair mismatched
+    collectives: a hang until the timeout). One 8-byte all-gather, then nothing."""
+    key = (_ADDRESS.sub("", repr(recipe)), id(group))
+    if m.__dict__.get("_fp8_group_checked") == key:
+        return
+    code = zlib.crc32(key[0].encode())
+    n = torch.distributed.get_world_size(group)
+    mine = torch.tensor([code], dtype=torch.int64, device=device)
+    every = [torch.empty(1, dtype=torch.int64, device=device) for _ in range(n)]
+    torch.distributed.all_gather(every, mine, group=group)
+    codes = [int(c) for c in every]
+    if len(set(codes)) > 1:
+        me = torch.distributed.get_rank(group)
+        others = [r for r, c in enumerate(codes) if c != code]
+        raise ValueError(f"{_label(m)}: the ranks of its fp8_autocast group run different FP8 recipes: this rank "
+                         f"({me} in the group) has {key[0]}; ranks {others} differ. Every rank must enter "
+                         "fp8_autocast with the same recipe (amaxes are all-reduced over the group)")
+    m.__dict__["_fp8_group_checked"] = key
+
+
 def local_fp8_state(m) -> None:
     """Make the module's FP8 state buffers plain tensors again: torch's distribute_module
     (under every parallel style) turns the buffers a style leaves alone into Replicate
