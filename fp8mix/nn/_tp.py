@@ -125,10 +125,11 @@ def check_group_recipe(m, recipe, group, device) -> None:
     the ranks of the group whose amaxes are all-reduced run the same recipe, else a
     ValueError naming the module on every rank (a difference would pair mismatched
     collectives: a hang until the timeout). One 8-byte all-gather, then nothing."""
-    key = (_ADDRESS.sub("", repr(recipe)), id(group))
-    if m.__dict__.get("_fp8_group_checked") == key:
+    done = m.__dict__.get("_fp8_group_checked")
+    if done is not None and done[0] is recipe and done[1] is group:  # (recipes are frozen values)
         return
-    code = zlib.crc32(key[0].encode())
+    text = _ADDRESS.sub("", repr(recipe))
+    code = zlib.crc32(text.encode())
     n = torch.distributed.get_world_size(group)
     mine = torch.tensor([code], dtype=torch.int64, device=device)
     every = [torch.empty(1, dtype=torch.int64, device=device) for _ in range(n)]
@@ -138,9 +139,9 @@ def check_group_recipe(m, recipe, group, device) -> None:
         me = torch.distributed.get_rank(group)
         others = [r for r, c in enumerate(codes) if c != code]
         raise ValueError(f"{_label(m)}: the ranks of its fp8_autocast group run different FP8 recipes: this rank "
-                         f"({me} in the group) has {key[0]}; ranks {others} differ. Every rank must enter "
+                         f"({me} in the group) has {text}; ranks {others} differ. Every rank must enter "
                          "fp8_autocast with the same recipe (amaxes are all-reduced over the group)")
-    m.__dict__["_fp8_group_checked"] = key
+    m.__dict__["_fp8_group_checked"] = (recipe, group)
 
 
 def local_fp8_state(m) -> None:
