@@ -18,6 +18,7 @@ from .gemm_order import get_gemm_order, order_from_env, set_gemm_order, using_ge
 from .grad_scaler import FP8GradScaler
 from .monitor import Monitor
 from .nn import (
+    GroupedLinear,
     LayerNorm,
     LayerNormLinear,
     LayerNormMLP,
@@ -45,7 +46,7 @@ nn.convert_module_to_fp8 = convert_module_to_fp8  # type: ignore[attr-defined]
 nn.FP8GlobalState = FP8GlobalState  # type: ignore[attr-defined]
 
 __all__ = [
-    "Format", "Granularity", "Float8Tensor", "FP8GradScaler", "Linear", "Monitor", "convert_model",
+    "Format", "Granularity", "Float8Tensor", "FP8GradScaler", "Linear", "GroupedLinear", "Monitor", "convert_model",
     "unconvert_model", "strip_fp8_state", "load_fp8_state", "checkpoint", "fp8_autocast", "autocast",
     "is_fp8_enabled", "nn", "nvfp4", "optim", "recipe", "compat", "cuda",
     "quantize", "dequantize", "amax", "cast_transpose", "scaled_mm",

@@ -2,6 +2,7 @@
 models to and from them, and activation-checkpointing support.
 
     Linear            drop-in nn.Linear (fp8mix.Linear)
+    GroupedLinear     Transformer Engine's GroupedLinear (mixture-of-experts expert layers)
     Conv1D            Hugging Face's GPT-2 Conv1D (weight stored (in, out))
     convert_model     nn.Linear / Conv1D -> fp8mix modules, in place
     unconvert_model   back again; strip_fp8_state / load_fp8_state for checkpoints
@@ -13,6 +14,7 @@ models to and from them, and activation-checkpointing support.
 from .conv1d import Conv1D
 from .convert import convert_model, load_fp8_state, strip_fp8_state, unconvert_model
 from .fp8_state import FP8StateMixin
+from .grouped_linear import GroupedLinear
 from .layernorm_linear import LayerNormLinear
 from .layernorm_mlp import LayerNormMLP
 from .linear import Linear
@@ -20,5 +22,5 @@ from .norms import LayerNorm, RMSNorm
 from .recompute import checkpoint
 from .transformer import TransformerLayer
 
-__all__ = ["Linear", "Conv1D", "convert_model", "unconvert_model", "strip_fp8_state", "load_fp8_state",
+__all__ = ["Linear", "GroupedLinear", "Conv1D", "convert_model", "unconvert_model", "strip_fp8_state", "load_fp8_state",
            "checkpoint", "FP8StateMixin", "LayerNorm", "RMSNorm", "LayerNormLinear", "LayerNormMLP", "TransformerLayer"]
