@@ -30,6 +30,7 @@ from ..recipe import RECIPES, CurrentScaling, from_config
 from .conv1d import Conv1D
 from .fp8_state import FP8_STATE_KEYS, FP8StateMixin
 from .fp8_weight import WeightScaling, enable_fp8_all_gather, gemm_weight_names
+from .hf_experts import HFExperts, experts_skip_reason, fp8_experts_class, is_hf_experts
 from .linear import Linear
 
 __all__ = ["convert_model", "unconvert_model", "strip_fp8_state", "load_fp8_state", "ConversionReport"]
@@ -48,6 +49,8 @@ def _linear_like(m: nn.Module) -> bool:
 
 def _skip_reason(m: nn.Module) -> Optional[str]:
     """Why a Linear-like module is not converted (None: it is converted)."""
+    if is_hf_experts(m):
+        return experts_skip_reason(m)
     if isinstance(m, nn.modules.linear.NonDynamicallyQuantizableLinear):
         return "the output projection of nn.MultiheadAttention, which uses its weight directly (never its forward)"
     if torch.nn.utils.parametrize.is_parametrized(m):
@@ -71,6 +74,12 @@ class ConversionReport(list):
 
 
 def _convert_one(m: nn.Module) -> None:
+    if is_hf_experts(m):
+        m.__dict__["_fp8_orig_class"] = type(m)
+        m.__class__ = fp8_experts_class(type(m))
+        assert isinstance(m, FP8StateMixin)
+        m._init_fp8_state(m.down_proj.device)
+        return
     weight = m.weight
     assert isinstance(weight, torch.Tensor)
     m.__dict__["_fp8_orig_class"] = type(m)
@@ -143,7 +152,7 @@ def convert_model(model: nn.Module, *, module_filter_fn: Optional[Callable[[nn.M
     seen: set = set()
     todo, candidates = [], []
     for fqn, m in model.named_modules(remove_duplicate=False):
-        if id(m) in seen or isinstance(m, FP8StateMixin) or not _linear_like(m):
+        if id(m) in seen or isinstance(m, FP8StateMixin) or not (_linear_like(m) or is_hf_experts(m)):
             continue
         seen.add(id(m))
         name = fqn or type(model).__name__
@@ -281,10 +290,11 @@ def _original_class(m: nn.Module):
 
 def unconvert_model(model: nn.Module) -> nn.Module:
     """The reverse of :func:`convert_model`, in place: fp8mix modules become ``nn.Linear``
-    (or Hugging Face ``Conv1D``) again with the same Parameters, without the FP8 state."""
+    (or Hugging Face ``Conv1D``, or the Hugging Face experts class) again with the same
+    Parameters, without the FP8 state."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"unconvert_model expects an nn.Module, got {type(model).__name__}")
-    for m in [m for m in model.modules() if isinstance(m, (Linear, Conv1D))]:
+    for m in [m for m in model.modules() if isinstance(m, (Linear, Conv1D, HFExperts))]:
         cls = _original_class(m)
         for h in m.__dict__.pop("_fp8_hooks", []):
             h.remove()
