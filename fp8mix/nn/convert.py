@@ -30,7 +30,7 @@ from ..recipe import RECIPES, CurrentScaling, from_config
 from .conv1d import Conv1D
 from .fp8_state import FP8_STATE_KEYS, FP8StateMixin
 from .fp8_weight import WeightScaling, enable_fp8_all_gather, gemm_weight_names
-from .hf_experts import HFExperts, experts_skip_reason, fp8_experts_class, is_hf_experts
+from .hf_experts import ROUTER_REASON, HFExperts, experts_skip_reason, fp8_experts_class, is_hf_experts, router_linears
 from .linear import Linear
 
 __all__ = ["convert_model", "unconvert_model", "strip_fp8_state", "load_fp8_state", "ConversionReport"]
@@ -151,6 +151,7 @@ def convert_model(model: nn.Module, *, module_filter_fn: Optional[Callable[[nn.M
     report = ConversionReport()
     seen: set = set()
     todo, candidates = [], []
+    routers = router_linears(model)
     for fqn, m in model.named_modules(remove_duplicate=False):
         if id(m) in seen or isinstance(m, FP8StateMixin) or not (_linear_like(m) or is_hf_experts(m)):
             continue
@@ -160,7 +161,7 @@ def convert_model(model: nn.Module, *, module_filter_fn: Optional[Callable[[nn.M
             report.skipped[name] = "module_filter_fn returned False"
             continue
         candidates.append(m)  # (fully_shard makes its class a subclass: checked before the skip reasons)
-        reason = _skip_reason(m)
+        reason = routers.get(id(m)) or _skip_reason(m)
         if reason is not None:
             report.skipped[name] = reason
             continue
@@ -265,7 +266,8 @@ def _report(model: nn.Module, report: ConversionReport) -> None:
         log.info("fp8mix.convert_model: FSDP2 FP8 all-gather for %d layer(s)%s", len(report.fp8_all_gather),
                  "" if not report.fp8_all_gather_skipped else "; not for: " +
                  "; ".join(f"{k} ({v})" for k, v in report.fp8_all_gather_skipped.items()))
-    odd = {k: v for k, v in report.skipped.items() if v != "module_filter_fn returned False"}
+    odd = {k: v for k, v in report.skipped.items()
+           if v != "module_filter_fn returned False" and not v.startswith(ROUTER_REASON)}  # (both by intent)
     if odd:
         warnings.warn("fp8mix.convert_model left these Linear-like modules in high precision: " +
                       "; ".join(f"{k}: {v}" for k, v in odd.items()), UserWarning, stacklevel=3)

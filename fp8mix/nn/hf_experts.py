@@ -23,11 +23,18 @@ Not covered (left in high precision by convert_model, with the reason): transpos
 weights (``is_transposed``: GPT-OSS, Aria), expert biases, interleaved gate/up
 (``is_concatenated=False``), a gate other than ``act_fn(gate) * up`` (a class that
 overrides ``_apply_gate``), ungated experts (``has_gate=False``), post-expert norms, and
-expert parallelism (sentinel expert ids). The router stays as Hugging Face built it: it is
-no nn.Linear (a bare Parameter and F.linear), so it is never converted.
+expert parallelism (sentinel expert ids).
+
+The router stays in high precision (small, and its logits choose the experts: Transformer
+Engine and torchao leave it out too): in the stacked-3-D models it is no nn.Linear (a bare
+Parameter and F.linear), so nothing converts it; where it is one (SwitchTransformers,
+NLLB-MoE, DBRX, JetMoE, AFMoE, HunYuan-MoE, LongCat-Flash: an nn.Linear child of a
+transformers ``*Router`` / ``*Gate`` / ``*Gating`` module) :func:`router_linears` names it
+and convert_model leaves it out.
 """
 from __future__ import annotations
 
+import re
 from typing import Optional
 
 import torch
@@ -36,7 +43,10 @@ import torch.nn as nn
 from ._grouped import grouped_linear_forward
 from .fp8_state import FP8StateMixin
 
-__all__ = ["HFExperts", "experts_skip_reason", "is_hf_experts", "fp8_experts_class"]
+__all__ = ["HFExperts", "experts_skip_reason", "is_hf_experts", "fp8_experts_class", "router_linears", "ROUTER_REASON"]
+
+ROUTER_REASON = "the router of a mixture-of-experts block: kept in high precision"
+_ROUTER_CLASS = re.compile(r"(Router|Gate|Gating)$")
 
 _DEFAULT_GATE = ("transformers.integrations.moe", "_default_apply_gate")
 
@@ -71,6 +81,20 @@ def experts_skip_reason(m: nn.Module) -> Optional[str]:
             "act_fn(gate) * up; left in high precision")
 
 
+def router_linears(model: nn.Module) -> dict:
+    """{id(linear): reason} for the nn.Linear routers of Hugging Face MoE blocks in `model`:
+    the nn.Linear children of a transformers module whose class name ends in Router, Gate
+    or Gating."""
+    out = {}
+    for m in model.modules():
+        t = type(m)
+        if t.__module__.startswith("transformers") and _ROUTER_CLASS.search(t.__name__):
+            for child in m.children():
+                if isinstance(child, nn.Linear):
+                    out[id(child)] = f"{ROUTER_REASON} ({t.__qualname__})"
+    return out
+
+
 class HFExperts(FP8StateMixin, nn.Module):
     """The forward of a converted Hugging Face experts module (mixed into a subclass of its
     class by :func:`fp8_experts_class`; see the module docstring)."""
@@ -101,9 +125,9 @@ class HFExperts(FP8StateMixin, nn.Module):
             # torch.where(expert_mask[e]), so every expert's GEMM sees the same rows.
             flat = top_k_index.t().reshape(-1)
             order = torch.sort(flat, stable=True).indices
-            counts = torch.bincount(flat, minlength=experts) if flat.numel() else flat.new_zeros(experts)
-            if counts.shape[0] != experts or (flat.numel() and int(flat.min()) < 0):
+            if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= experts):
                 raise ValueError(f"fp8mix.{owner}: top_k_index holds expert ids outside [0, {experts})")
+            counts = torch.bincount(flat, minlength=experts)
             token, slot = order % tokens, order // tokens
             # Where each token's choices land in the sorted rows, in ascending expert order:
             # the order the eager implementation adds them (index_add_ expert by expert).
