@@ -228,6 +228,10 @@ def _fp8_all_gather(model: nn.Module, recipe, report: ConversionReport) -> None:
         if not isinstance(m, FP8StateMixin):
             continue
         name = fqn or type(model).__name__
+        if isinstance(m, HFExperts):
+            report.fp8_all_gather_skipped[name] = "stacked expert weights: the FP8 all-gather is not built for them " \
+                                                  "(all-gathered in high precision)"
+            continue
         weights: list = [m._parameters[n] for n in gemm_weight_names(m)]
         if not m.fp8_enabled:
             report.fp8_all_gather_skipped[name] = "fp8_enabled=False (kept in high precision)"

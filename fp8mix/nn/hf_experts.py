@@ -144,6 +144,16 @@ class HFExperts(FP8StateMixin, nn.Module):
             out = out + y[combine[:, j]].to(out.dtype)
         return out
 
+    def __reduce_ex__(self, protocol):
+        # The class is made at run time (fp8_experts_class), so pickle cannot find it by
+        # name: pickle the Hugging Face class it derives from and rebuild it on load.
+        return (_rebuild, (self.__dict__["_fp8_orig_class"],), self.__dict__)
+
+
+def _rebuild(cls: type) -> nn.Module:
+    """An empty converted experts module of Hugging Face class `cls` (for unpickling)."""
+    return object.__new__(fp8_experts_class(cls))
+
 
 _CLASSES: dict = {}
 

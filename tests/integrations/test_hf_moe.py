@@ -7,6 +7,7 @@ default grouped_mm one (to rounding), and its gradients."""
 from __future__ import annotations
 
 import copy
+import io
 import os
 import warnings
 
@@ -165,6 +166,32 @@ def test_unconvert_model_restores_the_hugging_face_class():
     ids = _ids(5)
     with torch.no_grad():
         assert torch.equal(model(input_ids=ids).logits, plain(input_ids=ids).logits)
+
+
+def test_a_converted_model_copies_pickles_and_moves_dtype():
+    from fp8mix.nn import hf_experts
+    model = fp8mix.convert_model(_model("mixtral", seed=9))
+    ids = _ids(7)
+    with torch.no_grad():
+        ref = model(input_ids=ids).logits
+        assert torch.equal(copy.deepcopy(model)(input_ids=ids).logits, ref)
+        buf = io.BytesIO()
+        torch.save(model, buf)
+        hf_experts._CLASSES.clear()  # as in a fresh process: the converted class is made again on load
+        buf.seek(0)
+        loaded = torch.load(buf, weights_only=False)
+        mod = loaded.model.layers[0].mlp.experts
+        assert isinstance(mod, HFExperts) and isinstance(mod, type(_model("mixtral").model.layers[0].mlp.experts))
+        assert torch.equal(loaded(input_ids=ids).logits, ref)
+    loaded.to(torch.bfloat16)  # the FP8 state keeps its dtypes
+    assert mod.gate_up_proj.dtype == torch.bfloat16 and mod.fp8_scale.dtype == torch.float32
+
+
+def test_fsdp_fp8_all_gather_leaves_the_experts_weights_in_high_precision():
+    model = fp8mix.convert_model(_model("mixtral"), fsdp_fp8_all_gather=True)
+    skipped = model.fp8_conversion.fp8_all_gather_skipped
+    assert sorted(skipped) == ["model.layers.0.mlp.experts", "model.layers.1.mlp.experts"]
+    assert "model.layers.0.self_attn.q_proj" in model.fp8_conversion.fp8_all_gather
 
 
 def test_expert_ids_out_of_range_raise():
