@@ -117,6 +117,34 @@ def test_experts_module_equals_eager_for_any_routing(top_k, dtype):
             assert torch.equal(mod(h, idx, w.to(dtype)), ref(h, idx, w.to(dtype))), (tokens, pick)
 
 
+@pytest.mark.parametrize("config, experts", [("DeepseekV3Config", "deepseek_v3.modeling_deepseek_v3.DeepseekV3Experts"),
+                                             ("Qwen3NextConfig", "qwen3_next.modeling_qwen3_next.Qwen3NextExperts"),
+                                             ("GraniteMoeConfig", "granitemoe.modeling_granitemoe.GraniteMoeExperts")])
+def test_other_families_experts_convert_and_equal_eager(config, experts):
+    """Three more families' experts modules (of the ~50 with this layout in transformers 5),
+    built alone from their configs."""
+    import importlib
+    cfg = getattr(transformers, config)(hidden_size=64, intermediate_size=64, moe_intermediate_size=32,
+                                        num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB)
+    for k in ("num_experts", "num_local_experts", "n_routed_experts"):
+        if hasattr(cfg, k):
+            setattr(cfg, k, 6)
+    cfg.num_experts_per_tok = 2
+    cfg._experts_implementation = "eager"
+    mod_name, cls_name = experts.rsplit(".", 1)
+    torch.manual_seed(0)
+    ref = getattr(importlib.import_module(f"transformers.models.{mod_name}"), cls_name)(cfg)
+    for p in ref.parameters():
+        torch.nn.init.normal_(p, std=0.1)
+    mod = fp8mix.convert_model(copy.deepcopy(ref))
+    assert isinstance(mod, HFExperts) and mod.fp8_gemms == 12
+    g = torch.Generator().manual_seed(2)
+    h, w = torch.randn(30, 64, generator=g), torch.rand(30, 2, generator=g)
+    idx = torch.stack([torch.randperm(6, generator=g)[:2] for _ in range(30)])
+    with torch.no_grad():
+        assert torch.equal(mod(h, idx, w), ref(h, idx, w))
+
+
 def test_gradients_reach_every_expert_and_equal_eager():
     plain = _model("mixtral", seed=3)
     model = fp8mix.convert_model(copy.deepcopy(plain))
@@ -327,3 +355,40 @@ def test_resuming_from_a_checkpoint_mid_run_gives_the_same_losses(tmp_path):
     rest = _train(fresh, batches[8:], recipe, opt_state=ckpt["opt"])[0]
     for i, (a, b) in enumerate(zip(whole, first + rest)):
         assert torch.equal(a, b), f"step {i}: {float(a)} vs {float(b)}"
+
+
+@needs_fp8_grouped
+def test_each_expert_uses_its_own_fp8_gemms():
+    """Expert g's gate_up is GEMM g and its down GEMM E + g of the module's FP8 state: after
+    one training forward the weight roles (3 * gemm + 1) hold each expert's weight amax, the
+    input roles (3 * gemm) its rows' amax; the output is the high-precision one to FP8 noise."""
+    from helpers import sqnr_db
+    ref = _model("mixtral").model.layers[0].mlp.experts
+    mod = fp8mix.convert_model(copy.deepcopy(ref)).train()
+    g = torch.Generator().manual_seed(4)
+    h, w = torch.randn(64, 64, generator=g), torch.rand(64, 2, generator=g)
+    idx = torch.stack([torch.randperm(8, generator=g)[:2] for _ in range(64)])
+    with fp8mix.fp8_autocast(fp8_recipe=DelayedScaling()):
+        out = mod(h.requires_grad_(), idx, w)
+    with torch.no_grad():
+        expect = ref(h, idx, w)
+    assert sqnr_db(expect, out) > 20
+    hist = mod.fp8_amax_history[0]
+    for e in range(8):
+        rows = h[(idx == e).any(dim=1)]
+        assert float(hist[3 * e]) == float(rows.abs().max()), e
+        assert float(hist[3 * e + 1]) == float(ref.gate_up_proj[e].abs().max()), e
+        assert float(hist[3 * (8 + e) + 1]) == float(ref.down_proj[e].abs().max()), e
+
+
+@needs_fp8_grouped
+def test_gradient_checkpointing_gives_the_same_fp8_steps():
+    batches, recipe = _text_batches(3, seed=5), DelayedScaling(amax_history_len=8)
+    base = fp8mix.convert_model(_model("mixtral", seed=13))
+    ckpt = copy.deepcopy(base)
+    ckpt.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    for a, b in zip(_train(base, batches, recipe)[0], _train(ckpt, batches, recipe)[0]):
+        assert torch.equal(a, b)
+    sa, sb = base.state_dict(), ckpt.state_dict()
+    for k in sa:
+        assert torch.equal(sa[k], sb[k]), k
