@@ -220,3 +220,45 @@ def _rht16_fake(x, signs):
 @torch.library.register_fake("fp8mix::scaled_grouped_mm")
 def _scaled_grouped_mm_fake(a, b, scale_a, scale_b, offs, scale_kind, bias=None, out_dtype=None):
     return a.new_empty((a.shape[0], b.shape[-1]), dtype=out_dtype or torch.float32)
+
+
+@torch.library.register_fake("fp8mix::scaled_grouped_mm_k")
+def _scaled_grouped_mm_k_fake(a, b, scale_a, scale_b, offs, scale_kind, bias=None, out_dtype=None):
+    return a.new_empty((offs.shape[0], a.shape[0], b.shape[1]), dtype=out_dtype or torch.float32)
+
+
+def _grouped_q(x, offs, fp8_dtype, transpose):
+    rows, cols = _rows_cols(x)
+    qt = x.new_empty((cols, rows) if transpose else (0,), dtype=fp8_dtype)
+    return x.new_empty(x.shape, dtype=fp8_dtype), qt
+
+
+@torch.library.register_fake("fp8mix::grouped_quantize")
+def _grouped_quantize_fake(x, offs, fp8_dtype, margin=0, power_2_scale=False, amax_epsilon=0.0, transpose=False,
+                           inf_to_nan=False):
+    g = offs.shape[0]
+    return (*_grouped_q(x, offs, fp8_dtype, transpose), x.new_empty((g,), dtype=torch.float32),
+            x.new_empty((g,), dtype=torch.float32))
+
+
+@torch.library.register_fake("fp8mix::grouped_delayed_cast")
+def _grouped_delayed_cast_fake(x, offs, amax_history, scale, steps, role0, role_step, history_len, fp8_dtype,
+                               margin=0, power_2_scale=False, amax_compute_algo="max", interval=1, record=True,
+                               transpose=False, inf_to_nan=False):
+    g = offs.shape[0]
+    return (*_grouped_q(x, offs, fp8_dtype, transpose), x.new_empty((g, 2), dtype=torch.float32),
+            x.new_empty((g,), dtype=torch.float32))
+
+
+@torch.library.register_fake("fp8mix::grouped_delayed_flush")
+def _grouped_delayed_flush_fake(amax_history, scale, steps, pending, next_slot, *args, **kwargs):
+    return scale.new_empty((pending.shape[0], 2)), steps.new_empty((pending.shape[0],))
+
+
+@torch.library.register_fake("fp8mix::grouped_grad_cast")
+def _grouped_grad_cast_fake(dy, offs, fp8_dtype, plans=None, pending=None, slots=None, margin=0, power_2_scale=False,
+                            amax_epsilon=0.0, transpose=False, colsum=False, inf_to_nan=True):
+    g, (_, cols) = offs.shape[0], _rows_cols(dy)
+    f32 = torch.float32
+    return (*_grouped_q(dy, offs, fp8_dtype, transpose), dy.new_empty((g,), dtype=f32), dy.new_empty((g,), dtype=f32),
+            dy.new_empty((g, cols) if colsum else (0, 0), dtype=f32))

@@ -34,7 +34,8 @@ __all__ = ["cast", "quantize_current", "quantize_mx", "amax", "compute_scale", "
            "norm_delayed_cast", "act_cast", "act_delayed_cast", "linear_delayed_casts", "linear_current_casts",
            "linear_backward", "CudaHooks", "set_cuda_hooks", "QUANT_STATS_N",
            "delayed_scale_update", "cuda_hw_convert", "cuda_check_scales", "quantize_nvfp4", "dequantize_nvfp4",
-           "nvfp4_mm", "rht16", "scaled_grouped_mm", "grouped_scale_kind"]
+           "nvfp4_mm", "rht16", "scaled_grouped_mm", "grouped_scale_kind", "scaled_grouped_mm_k", "grouped_quantize",
+           "grouped_delayed_cast", "grouped_delayed_flush", "grouped_grad_cast"]
 
 
 class CudaHooks(Protocol):
@@ -210,6 +211,58 @@ def scaled_grouped_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, s
     (see grouped_scale_kind), bias (G, N); groups may be empty or of any size. One C call."""
     kind = grouped_scale_kind(a, b, scale_a, scale_b) if scale_kind is None else scale_kind
     return _ops.scaled_grouped_mm(a, b, scale_a, scale_b, offs, kind, bias, out_dtype)
+
+
+def scaled_grouped_mm_k(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, *,
+                        offs: torch.Tensor, bias: Optional[torch.Tensor] = None, out_dtype: torch.dtype = torch.float32,
+                        scale_kind: int = 0) -> torch.Tensor:
+    """Grouped GEMM with the groups along K (torch._scaled_grouped_mm's 2-D x 2-D case, CPU;
+    a grouped linear layer's weight gradients): out (G, M, N), out[g] = a[:, k range g] @
+    b[k range g, :] with group g's scales (scale_kind 0: (G,) and (G,); 1: (G, M) and (G, N));
+    offs (G) the ranges' cumulative ends; bias (G, N); a, b row-major or transposed views."""
+    return _ops.scaled_grouped_mm_k(a, b, scale_a, scale_b, offs, scale_kind, bias, out_dtype)
+
+
+# ---- grouped per-tensor casts (csrc/core/cast_grouped.c: mixture-of-experts experts) ------
+
+def grouped_quantize(x: torch.Tensor, offs: torch.Tensor, fp8_dtype: torch.dtype, *, margin: int = 0,
+                     power_2_scale: bool = False, amax_epsilon: float = 0.0, transpose: bool = False,
+                     inf_to_nan: bool = False):
+    """Current per-tensor scaling per row group (group g: rows [offs[g-1], offs[g])), each group
+    cast as quantize_current would cast it alone: (q, qt, scale_inv (G,), amax (G,))."""
+    return _ops.grouped_quantize(x, offs, fp8_dtype, margin, power_2_scale, amax_epsilon, transpose, inf_to_nan)
+
+
+def grouped_delayed_cast(x: torch.Tensor, offs: torch.Tensor, history: torch.Tensor, scale: torch.Tensor,
+                         steps: torch.Tensor, *, role0: int, role_step: int, fp8_dtype: torch.dtype, spec: DelayedSpec,
+                         record: bool, transpose: bool = False, inf_to_nan: bool = False):
+    """delayed_cast per row group, group g with state role role0 + g * role_step: (q, qt,
+    scales (G, 2) [scale, scale_inv], amax (G,)). An empty group records nothing."""
+    return _ops.grouped_delayed_cast(x, offs, history, scale, steps, role0, role_step, spec.history_len, fp8_dtype,
+                                     spec.margin, spec.power_2_scale, spec.algo, spec.interval, record, transpose,
+                                     inf_to_nan)
+
+
+def grouped_delayed_flush(history: torch.Tensor, scale: torch.Tensor, steps: torch.Tensor, pending: torch.Tensor,
+                          next_slot: torch.Tensor, *, role0: int, role_step: int, fp8_dtype: torch.dtype,
+                          spec: DelayedSpec, record: bool, reserve: bool):
+    """delayed_flush for G gradient roles (role0 + g * role_step), pending (G, slots) and
+    next_slot (G,) in place: (plans (G, 2), slots (G,))."""
+    return _ops.grouped_delayed_flush(history, scale, steps, pending, next_slot, role0, role_step, spec.history_len,
+                                      fp8_dtype, spec.margin, spec.power_2_scale, spec.algo, spec.interval, record,
+                                      reserve)
+
+
+def grouped_grad_cast(dy: torch.Tensor, offs: torch.Tensor, fp8_dtype: torch.dtype, *,
+                      plans: Optional[torch.Tensor] = None, pending: Optional[torch.Tensor] = None,
+                      slots: Optional[torch.Tensor] = None, margin: int = 0, power_2_scale: bool = False,
+                      amax_epsilon: float = 0.0, transpose: bool = False, colsum: bool = False,
+                      inf_to_nan: bool = True):
+    """grad_cast per row group: plans (G, 2) from grouped_delayed_flush (None: current
+    scaling), each group's amax kept in pending[g, slots[g]]: (q, qt, scale_inv (G,), amax
+    (G,), colsum (G, N): the groups' bias gradients)."""
+    return _ops.grouped_grad_cast(dy, offs, fp8_dtype, plans, pending, slots, margin, power_2_scale, amax_epsilon,
+                                  transpose, colsum, inf_to_nan)
 
 
 # ---- the per-tensor recipes' state (csrc/core/recipe.c) -------------------------------

@@ -545,6 +545,23 @@ fp8mix_status fp8mix_gemm(const fp8mix_gemm_args *args);
 fp8mix_status fp8mix_gemm_grouped(const fp8mix_gemm_args *args, int64_t groups, const int64_t *offs,
                                   int64_t stride_b);
 
+/* Grouped-K GEMM (a grouped linear layer's weight gradients; torch._scaled_grouped_mm's 2-D x
+ * 2-D case): the contraction dimension (args->k in all) is cut into `groups` consecutive
+ * ranges by offs as fp8mix_gemm_grouped cuts rows (offs non-decreasing, ending at k; a range
+ * may be empty), and output g = args->out + g * stride_out (M x N, row stride ldo; stride_out
+ * in elements, at least the output's extent) is A[:, range g] times B[range g, :] with
+ * group g's scales:
+ *   scale_a  TENSOR: groups values; OUTER: groups x M
+ *   scale_b  TENSOR: groups values; OUTER: groups x N
+ *   bias     NULL or groups x N values of bias_t
+ * Everything else as fp8mix_gemm (either A and either B layout), each output bit for bit
+ * fp8mix_gemm of that range alone (an empty range gives bias or +0).  Every group is checked
+ * before any is computed.  Errors: those of fp8mix_gemm for any group; BAD_ARG (groups or
+ * stride_out negative, offs decreasing or not ending at k); BAD_SHAPE (outputs overlapping);
+ * UNSUPPORTED (BLOCK or MX scales: their K tiles would straddle the groups). */
+fp8mix_status fp8mix_gemm_grouped_k(const fp8mix_gemm_args *args, int64_t groups, const int64_t *offs,
+                                    int64_t stride_out);
+
 /* ---- per-tensor recipes: delayed-scaling state and a linear layer's casts ---
  *
  * A module's delayed-scaling state holds R tensor roles ("columns"; a linear
@@ -662,6 +679,56 @@ fp8mix_status fp8mix_cast_grad(const void *dy, fp8mix_dtype xt, int64_t rows,
                                int margin, int pow2, float amax_epsilon,
                                float *pending_slot, const fp8mix_cast_opts *opts,
                                float *scale_inv, float *amax, float *colsum);
+
+/* ---- grouped per-tensor casts (mixture-of-experts expert layers) -----------
+ *
+ * x (rows x cols as in fp8mix_cast) is cut into `groups` consecutive row groups by offs
+ * (group g: rows [offs[g-1], offs[g]), offs[-1] = 0; non-decreasing, ending at rows;
+ * groups may be empty), and each group is cast with its own per-tensor scale by the
+ * single-tensor entry point named below, applied to that group alone: its rows of q, its
+ * columns of qt (qt is cols x rows for the whole x, row stride ld_qt), its scale and amax
+ * at index g.  With stochastic rounding group g takes the random words from
+ * opts->offset + offs[g-1] * cols on (the words a cast of the whole x gives its rows).
+ * An empty group is cast by nothing.  Errors: those of the single entry point for any
+ * group, BAD_ARG for offs, BAD_SHAPE for a role outside the state; the offsets, shapes
+ * and (grad) plans of every group are checked before any byte is written. */
+
+/* fp8mix_quantize_current (TENSOR granularity) per group: scale_inv[g], amax_out[g] (an
+ * empty group: 1 and 0). */
+fp8mix_status fp8mix_quantize_current_grouped(const void *x, fp8mix_dtype xt, int64_t rows, int64_t cols,
+                                              int64_t ld_x, int64_t groups, const int64_t *offs, int margin,
+                                              int pow2, float amax_epsilon, uint8_t *q, int64_t ld_q, uint8_t *qt,
+                                              int64_t ld_qt, float *scale_inv, float *amax_out,
+                                              const fp8mix_cast_opts *opts);
+
+/* fp8mix_cast_delayed per group, group g with state role role0 + g * role_step (no fresh
+ * amax: a role's first use scales from its group): scales[2g], scales[2g+1] the group's
+ * scale and inverse, amax[g] (may be NULL).  An empty group records nothing; its scales
+ * are the state's scale and its inverse, its amax 0. */
+fp8mix_status fp8mix_cast_delayed_grouped(const void *x, fp8mix_dtype xt, int64_t rows, int64_t cols, int64_t ld_x,
+                                          int64_t groups, const int64_t *offs, uint8_t *q, int64_t ld_q,
+                                          uint8_t *qt, int64_t ld_qt, const fp8mix_delayed_state *st,
+                                          int64_t role0, int64_t role_step, const fp8mix_delayed_recipe *r,
+                                          int record, const fp8mix_cast_opts *opts, float *scales, float *amax);
+
+/* fp8mix_cast_grad per group: plans (NULL: current scaling for every group) holds
+ * [scale, fresh] per group (2 * groups floats), scale_inv[g], amax[g] (may be NULL), colsum
+ * (NULL or groups x cols: group g's column sums); pending (groups x pending_slots floats)
+ * and slots (groups indices) both given or both NULL: group g keeps its amax in
+ * pending[g * pending_slots + slots[g]].  An empty group writes scale_inv 1, amax 0, column
+ * sums +0 and leaves its pending slot alone. */
+fp8mix_status fp8mix_cast_grad_grouped(const void *dy, fp8mix_dtype xt, int64_t rows, int64_t cols, int64_t ld,
+                                       int64_t groups, const int64_t *offs, uint8_t *q, int64_t ld_q, uint8_t *qt,
+                                       int64_t ld_qt, const float *plans, int margin, int pow2, float amax_epsilon,
+                                       float *pending, int64_t pending_slots, const int64_t *slots,
+                                       const fp8mix_cast_opts *opts, float *scale_inv, float *amax, float *colsum);
+
+/* fp8mix_delayed_flush for roles role0 + g * role_step, g < groups, each with its own ring
+ * pending + g * slots and counter next_slot[g]: plans[2g..2g+1], reserved[g]. */
+fp8mix_status fp8mix_delayed_flush_grouped(const fp8mix_delayed_state *st, int64_t role0, int64_t role_step,
+                                           int64_t groups, fp8mix_format fmt, const fp8mix_delayed_recipe *r,
+                                           float *pending, int64_t slots, int64_t *next_slot, int record,
+                                           int reserve, float *plans, int64_t *reserved);
 
 /* Entries of the scale array of granularity gran for a rows x cols tensor
  * (see "Scale granularities"); -1 for an unknown granularity. */

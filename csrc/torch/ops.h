@@ -134,6 +134,23 @@ void add_direct_calls(PyObject *module);
 Tensor scaled_grouped_mm_cpu(const Tensor &a, const Tensor &b, const Tensor &scale_a, const Tensor &scale_b,
                              const Tensor &offs, int64_t scale_kind, const OptTensor &bias, OptDtype out_dtype);
 
+// ---- grouped_cpu.cpp: grouped linear layers (mixture-of-experts experts) ---------------
+Tensors4 grouped_quantize_cpu(const Tensor &x, const Tensor &offs, Dtype fp8_dtype, int64_t margin, bool pow2,
+                              double eps, bool transpose, bool inf_to_nan);
+Tensors4 grouped_delayed_cast_cpu(const Tensor &x, const Tensor &offs, const Tensor &hist, const Tensor &scale,
+                                  const Tensor &steps, int64_t role0, int64_t role_step, int64_t history_len,
+                                  Dtype fp8_dtype, int64_t margin, bool pow2, Str algo, int64_t interval, bool record,
+                                  bool transpose, bool inf_to_nan);
+Tensors2 grouped_delayed_flush_cpu(const Tensor &hist, const Tensor &scale, const Tensor &steps,
+                                   const Tensor &pending, const Tensor &next_slot, int64_t role0, int64_t role_step,
+                                   int64_t history_len, Dtype fp8_dtype, int64_t margin, bool pow2, Str algo,
+                                   int64_t interval, bool record, bool reserve);
+Tensors5 grouped_grad_cast_cpu(const Tensor &dy, const Tensor &offs, Dtype fp8_dtype, const OptTensor &plans,
+                               const OptTensor &pending, const OptTensor &slots, int64_t margin, bool pow2,
+                               double eps, bool transpose, bool colsum, bool inf_to_nan);
+Tensor scaled_grouped_mm_k_cpu(const Tensor &a, const Tensor &b, const Tensor &scale_a, const Tensor &scale_b,
+                               const Tensor &offs, int64_t scale_kind, const OptTensor &bias, OptDtype out_dtype);
+
 // ---- nvfp4_cpu.cpp: NVFP4 quantisation, decoding, GEMM, Hadamard transform ------------
 Tensors3 quantize_nvfp4_cpu(const Tensor &x, const Tensor &global_amax, bool tile_2d, bool stochastic, int64_t seed,
                             int64_t offset, const OptTensor &rng, int64_t rng_skip);

@@ -409,7 +409,8 @@ void set_max_isa(std::string name)
 
 } // namespace fp8mix_torch
 
-// Every CPU kernel of the library: this file's, fused_cpu.cpp's, linear_cpu.cpp's and nvfp4_cpu.cpp's.
+// Every CPU kernel of the library: this file's, fused_cpu.cpp's, linear_cpu.cpp's, grouped_cpu.cpp's and
+// nvfp4_cpu.cpp's.
 TORCH_LIBRARY_IMPL(fp8mix, CPU, m)
 {
     FP8MIX_OPS_ON_EVERY_DEVICE(FP8MIX_IMPL_OP, cpu)
@@ -424,6 +425,11 @@ TORCH_LIBRARY_IMPL(fp8mix, CPU, m)
     m.impl("linear_current_casts", &linear_current_casts_cpu);
     m.impl("linear_backward", &linear_backward_cpu);
     m.impl("scaled_grouped_mm", &scaled_grouped_mm_cpu);
+    m.impl("scaled_grouped_mm_k", &scaled_grouped_mm_k_cpu);
+    m.impl("grouped_quantize", &grouped_quantize_cpu);
+    m.impl("grouped_delayed_cast", &grouped_delayed_cast_cpu);
+    m.impl("grouped_delayed_flush", &grouped_delayed_flush_cpu);
+    m.impl("grouped_grad_cast", &grouped_grad_cast_cpu);
     m.impl("quantize_nvfp4", &quantize_nvfp4_cpu);
     m.impl("dequantize_nvfp4", &dequantize_nvfp4_cpu);
     m.impl("nvfp4_mm", &nvfp4_mm_cpu);

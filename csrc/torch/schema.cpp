@@ -39,6 +39,26 @@ TORCH_LIBRARY(fp8mix, m)
     // groups' cumulative row ends, scale_kind fp8mix_mm_scale (fp8mix.ops infers it from the shapes).
     m.def("scaled_grouped_mm(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, Tensor offs, int scale_kind, "
           "Tensor? bias=None, ScalarType? out_dtype=None) -> Tensor");
+    // Grouped linear layers (fp8mix.GroupedLinear): the K dimension cut into groups (weight
+    // gradients; torch._scaled_grouped_mm's 2-D x 2-D case), out (groups, M, N); per-group
+    // per-tensor casts of row groups (offs: cumulative row ends), roles role0 + g * role_step.
+    m.def("scaled_grouped_mm_k(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, Tensor offs, int scale_kind, "
+          "Tensor? bias=None, ScalarType? out_dtype=None) -> Tensor");
+    m.def("grouped_quantize(Tensor x, Tensor offs, ScalarType fp8_dtype, int margin=0, bool power_2_scale=False, "
+          "float amax_epsilon=0.0, bool transpose=False, bool inf_to_nan=False) "
+          "-> (Tensor q, Tensor qt, Tensor scale_inv, Tensor amax)");
+    m.def("grouped_delayed_cast(Tensor x, Tensor offs, Tensor(a!) amax_history, Tensor(b!) scale, Tensor(c!) steps, "
+          "int role0, int role_step, int history_len, ScalarType fp8_dtype, int margin=0, bool power_2_scale=False, "
+          "str amax_compute_algo='max', int interval=1, bool record=True, bool transpose=False, "
+          "bool inf_to_nan=False) -> (Tensor q, Tensor qt, Tensor scales, Tensor amax)");
+    m.def("grouped_delayed_flush(Tensor(a!) amax_history, Tensor(b!) scale, Tensor(c!) steps, Tensor(d!) pending, "
+          "Tensor(e!) next_slot, int role0, int role_step, int history_len, ScalarType fp8_dtype, int margin=0, "
+          "bool power_2_scale=False, str amax_compute_algo='max', int interval=1, bool record=True, "
+          "bool reserve=False) -> (Tensor plans, Tensor slots)");
+    m.def("grouped_grad_cast(Tensor dy, Tensor offs, ScalarType fp8_dtype, Tensor? plans=None, "
+          "Tensor(a!)? pending=None, Tensor? slots=None, int margin=0, bool power_2_scale=False, "
+          "float amax_epsilon=0.0, bool transpose=False, bool colsum=False, bool inf_to_nan=True) "
+          "-> (Tensor q, Tensor qt, Tensor scale_inv, Tensor amax, Tensor colsum)");
     // The per-tensor recipes' state and casts (csrc/core/recipe.c); the state is updated in place.
     m.def("delayed_cast(Tensor x, Tensor(a!) amax_history, Tensor(b!) scale, Tensor(c!) steps, int role, "
           "int history_len, ScalarType fp8_dtype, int margin=0, bool power_2_scale=False, "

@@ -1,17 +1,39 @@
 """The FP8 forward of grouped linear layers (fp8mix.GroupedLinear, mixture-of-experts
 expert layers): one function for every module that holds G experts' weights as one
-(G, out, in) tensor, and their FP8 state as G GEMMs of fp8mix.nn.fp8_state
-(``gemm0 + g`` for expert g)."""
+(G, out, in) tensor and their FP8 state as G GEMMs of fp8mix.nn.fp8_state (``gemm0 + g``
+for expert g: roles 3(gemm0+g) + input / weight / grad_output).
+
+Per-tensor recipes (DelayedScaling, Float8CurrentScaling): every expert's input rows,
+weight and gradient rows get their own scale, and each of the six steps is one C call
+over all experts (fp8mix.ops.grouped_*: casts; scaled_grouped_mm: forward and dgrad;
+scaled_grouped_mm_k: wgrad, the groups along K). Each expert's bytes, scales, state
+updates and GEMM outputs are bit for bit what a single fp8mix GEMM of that expert's rows
+gives (tests/nn/test_grouped_linear.py holds them against fp8mix.Linear per expert).
+
+Conventions that differ from fp8mix.Linear, because a group can be empty: an expert that
+receives no rows records nothing for its input and gradient roles (its weight is cast and
+recorded every training forward, as TE does). The other recipes (block, MX, rowwise,
+NVFP4), Format.AUTO, stochastic rounding, amax reduction over ranks and double backward
+raise NotImplementedError naming what is missing.
+"""
 from __future__ import annotations
 
+import itertools
 from typing import Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
 
-from ..context import current_frame
+from .. import ops
+from ..context import current_frame, note_module_ran
+from ..formats import Format, Granularity, fp8_dtype
+from ._forward import frame_for, hp_out_dtype, reduce_group
+from ._plan import delayed_spec
+from .recompute import in_recompute, under_saved_tensor_hooks
 
 __all__ = ["grouped_linear_forward", "check_splits"]
+
+_HP = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def check_splits(owner: str, m_splits, groups: int, rows: int) -> list:
@@ -46,18 +68,178 @@ def _hp_forward(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
     return torch.cat(ys) if ys else x.new_empty(0, weight.shape[1])
 
 
+class GroupedPlan:
+    """What one grouped forward decided, for its backward and a checkpoint's recompute."""
+
+    __slots__ = ("delayed", "dtypes", "spec", "margin", "pow2", "eps", "x_scale", "w_scale", "g_plans", "g_slots",
+                 "record", "out_dtype", "gemm0", "region", "replayed_by", "backward_done", "__weakref__")
+
+    def __init__(self):
+        self.x_scale = self.w_scale = self.g_plans = self.g_slots = None
+        self.backward_done = False
+
+
+def _unsupported(owner: str, recipe) -> Optional[str]:
+    """Why this recipe cannot run through the grouped path (None: it can)."""
+    if recipe.along_reduction() or any(recipe.granularity(r) != Granularity.TENSOR
+                                       for r in ("input", "weight", "grad_output")):
+        return f"{type(recipe).__name__} (only per-tensor recipes: DelayedScaling, Float8CurrentScaling)"
+    if recipe.fp8_format is Format.AUTO:
+        return "Format.AUTO"
+    if recipe.stochastic():
+        return "stochastic rounding"
+    if recipe.delayed() and callable(recipe.amax_compute_algo):
+        return "a callable amax_compute_algo"
+    return None
+
+
 def grouped_linear_forward(m, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                            m_splits: Union[Sequence[int], torch.Tensor], *, gemm0: int = 0,
                            is_first_microbatch=None) -> torch.Tensor:
     """y (T, N) for x (T, K), weight (G, N, K), bias (G, N) or None: rows of group g times
     weight[g]^T plus bias[g]; in FP8 under fp8_autocast with module m's FP8 state, GEMMs
-    gemm0 .. gemm0 + G - 1."""
+    gemm0 .. gemm0 + G - 1. is_first_microbatch as fp8mix.Linear's (TE's): True casts and
+    keeps the FP8 weights, False reuses them."""
     owner = type(m).__name__
-    if x.dim() != 2 or weight.dim() != 3 or x.shape[1] != weight.shape[2]:
-        raise ValueError(f"fp8mix.{owner}: input {tuple(x.shape)} and weight {tuple(weight.shape)} do not make "
-                         "a grouped linear (x (T, K), weight (G, N, K))")
-    splits = check_splits(owner, m_splits, weight.shape[0], x.shape[0])
+    if not isinstance(x, torch.Tensor) or x.dim() != 2 or weight.dim() != 3 or x.shape[1] != weight.shape[2]:
+        raise ValueError(f"fp8mix.{owner}: input {tuple(getattr(x, 'shape', ()))} and weight {tuple(weight.shape)} "
+                         "do not make a grouped linear (x (T, K), weight (G, N, K))")
+    G, N, K = weight.shape
+    if bias is not None and tuple(bias.shape) != (G, N):
+        raise ValueError(f"fp8mix.{owner}: bias has shape {tuple(bias.shape)}, expected ({G}, {N})")
+    if not 0 <= gemm0 <= m.fp8_gemms - G:
+        raise ValueError(f"fp8mix.{owner}: GEMMs {gemm0}..{gemm0 + G - 1} outside the module's {m.fp8_gemms}")
+    splits = check_splits(owner, m_splits, G, x.shape[0])
+    eager = not torch.compiler.is_compiling()
+    recompute = eager and in_recompute(eager=True) and torch.is_grad_enabled()
+    replay = m._replay[gemm0].take() if recompute else None
     frame = current_frame()
-    if frame is None or not frame.enabled:
+    if replay is None:
+        if frame is None or not frame.enabled:
+            return _hp_forward(x, weight, bias, splits)
+        if not m.fp8_enabled or m.fp8_recipe is not None:
+            frame = frame_for(m, frame)
+            if not frame.enabled:
+                return _hp_forward(x, weight, bias, splits)
+    if x.dtype not in _HP:
+        raise TypeError(f"fp8mix.{owner}: input must be float32, bfloat16 or float16, got {x.dtype}")
+    if not x.is_cpu:
+        raise NotImplementedError(f"fp8mix.{owner}: the FP8 grouped GEMMs run on the CPU only in this build "
+                                  f"(input on {x.device})")
+    note_module_ran()
+    if x.numel() == 0 or min(N, K) < getattr(m, "fp8_min_features", 16):
         return _hp_forward(x, weight, bias, splits)
-    raise NotImplementedError(f"fp8mix.{owner}: the FP8 grouped forward is not built yet")
+    if replay is not None:
+        plan = replay
+    else:
+        recipe = frame.recipe
+        why = _unsupported(owner, recipe)
+        if why is not None:
+            raise NotImplementedError(f"fp8mix.{owner}: {why} is not implemented for grouped GEMMs; use a "
+                                      "per-tensor recipe (DelayedScaling or Float8CurrentScaling) or run the "
+                                      "experts outside fp8_autocast")
+        if recipe.reduce_amax and reduce_group(frame.group) is not None:
+            raise NotImplementedError(f"fp8mix.{owner}: amaxes all-reduced over ranks (reduce_amax=True with a "
+                                      "process group of more than one rank) are not implemented for grouped GEMMs; "
+                                      "pass reduce_amax=False to the recipe (each rank scales from its own tokens)")
+        plan = GroupedPlan()
+        plan.gemm0, plan.delayed = gemm0, recipe.delayed()
+        plan.dtypes = tuple(fp8_dtype(recipe.format(r)) for r in ("input", "weight", "grad_output"))
+        plan.spec = delayed_spec(recipe) if plan.delayed else None
+        plan.margin, plan.pow2 = int(recipe.margin), bool(recipe.power_2_scale)
+        plan.eps = float(getattr(recipe, "amax_epsilon", 0.0))
+        plan.record = (torch.is_grad_enabled() and m.training) or frame.calibrating
+    plan.out_dtype = hp_out_dtype(x, weight.dtype)
+    wants_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+    offs = torch.tensor(list(itertools.accumulate(splits)), dtype=torch.int64)
+    with torch.no_grad():
+        xq, x_sinv, wq, w_sinv = _casts(m, x.detach(), weight.detach(), offs, plan, replay is not None,
+                                        wants_grad, is_first_microbatch)
+    if replay is None and plan.record and wants_grad and eager and under_saved_tensor_hooks(eager=True):
+        m._replay[gemm0].push(plan)  # a checkpoint may recompute this forward: it will repeat this plan
+    pending = m._buffers["fp8_grad_pending"][gemm0:gemm0 + G] if (plan.delayed and plan.record) else None
+    return GroupedFP8Function.apply(x, weight, bias, (xq, x_sinv, wq, w_sinv, offs, pending), plan)
+
+
+def _casts(m, x, weight, offs, plan: GroupedPlan, replaying: bool, wants_grad: bool, is_first_microbatch):
+    """x's and the weights' per-expert casts (and, delayed, the gradient plans): (xq, x_sinv,
+    wq (G, N, K), w_sinv), each scale per expert."""
+    G, N, K = weight.shape
+    xd, wd, gd = plan.dtypes
+    w2 = weight.reshape(G * N, K)
+    w_offs = torch.arange(1, G + 1, dtype=torch.int64) * N
+    if replaying and plan.delayed:  # a checkpoint's recompute: the original forward's scales, nothing recorded
+        rows = torch.diff(offs, prepend=offs.new_zeros(1))
+        xq = ops.cast(x, plan.x_scale.repeat_interleave(rows), xd, granularity=Granularity.ROW, inf_to_nan=True)[0]
+        wq = ops.cast(w2, plan.w_scale.repeat_interleave(N), wd, granularity=Granularity.ROW, inf_to_nan=True)[0]
+        return xq, plan.x_scale.reciprocal(), wq.view(G, N, K), plan.w_scale.reciprocal()
+    cache = m.__dict__.setdefault("_grouped_wcache", {})
+    cached = cache.get(plan.gemm0) if (is_first_microbatch is False and not replaying) else None
+    if not plan.delayed:  # current scaling: a pure function of the tensors (a recompute repeats it)
+        kw = dict(margin=plan.margin, power_2_scale=plan.pow2, amax_epsilon=plan.eps, inf_to_nan=True)
+        xq, _, x_sinv, _ = ops.grouped_quantize(x, offs, xd, **kw)
+        if cached is not None:
+            wq, w_sinv = cached
+        else:
+            wq, _, w_sinv, _ = ops.grouped_quantize(w2, w_offs, wd, **kw)
+            if is_first_microbatch:
+                cache[plan.gemm0] = (wq, w_sinv)
+        return xq, x_sinv, wq.view(G, N, K), w_sinv
+    b, spec, g0 = m._buffers, plan.spec, plan.gemm0
+    m._ensure_history(spec.history_len)
+    hist, scale, steps = b["fp8_amax_history"], b["fp8_scale"], b["fp8_steps"]
+    plan.g_plans, plan.g_slots = ops.grouped_delayed_flush(
+        hist, scale, steps, b["fp8_grad_pending"][g0:g0 + G], b["fp8_grad_slot"][g0:g0 + G], role0=3 * g0 + 2,
+        role_step=3, fp8_dtype=gd, spec=spec, record=plan.record, reserve=plan.record and wants_grad)
+    xq, _, xs, _ = ops.grouped_delayed_cast(x, offs, hist, scale, steps, role0=3 * g0, role_step=3, fp8_dtype=xd,
+                                            spec=spec, record=plan.record, inf_to_nan=True)
+    if cached is not None:
+        wq, ws = cached
+    else:
+        wq, _, ws, _ = ops.grouped_delayed_cast(w2, w_offs, hist, scale, steps, role0=3 * g0 + 1, role_step=3,
+                                                fp8_dtype=wd, spec=spec, record=plan.record, inf_to_nan=True)
+        if is_first_microbatch:
+            cache[plan.gemm0] = (wq, ws)
+    plan.x_scale, plan.w_scale = xs[:, 0], ws[:, 0]
+    return xq, xs[:, 1], wq.view(G, N, K), ws[:, 1]
+
+
+class GroupedFP8Function(torch.autograd.Function):
+    """y[rows of g] = x[rows of g] W_g^T + b_g from operands cast before apply(); backward
+    casts dy per expert once and runs dgrad (grouped GEMM) and wgrad (grouped-K GEMM)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, fp8, plan: GroupedPlan):
+        xq, x_sinv, wq, w_sinv, offs, pending = fp8
+        y = ops.scaled_grouped_mm(xq, wq.transpose(1, 2), x_sinv, w_sinv, offs=offs, bias=bias,
+                                  out_dtype=plan.out_dtype, scale_kind=0)
+        ctx.save_for_backward(xq, x_sinv, wq, w_sinv, offs)
+        ctx.plan, ctx.pending = plan, pending
+        ctx.x_dtype, ctx.w_dtype = x.dtype, weight.dtype
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        xq, x_sinv, wq, w_sinv, offs = ctx.saved_tensors
+        plan = ctx.plan
+        if torch.is_grad_enabled():
+            raise NotImplementedError("fp8mix: double backward (create_graph=True) through a grouped FP8 layer is not "
+                                      "implemented; run the experts outside fp8_autocast for it")
+        plan.backward_done = True
+        dy2 = dy if dy.dtype in _HP else dy.float()
+        want_db = ctx.bias_dtype is not None and ctx.needs_input_grad[2]
+        delayed = plan.delayed and plan.g_plans is not None
+        gq, _, g_sinv, _, db = ops.grouped_grad_cast(
+            dy2, offs, plan.dtypes[2], plans=plan.g_plans if delayed else None,
+            pending=ctx.pending if (delayed and plan.g_slots is not None and ctx.pending is not None) else None,
+            slots=plan.g_slots if (delayed and ctx.pending is not None) else None, margin=plan.margin,
+            power_2_scale=plan.pow2, amax_epsilon=plan.eps, colsum=want_db)
+        dx = dw = None
+        if ctx.needs_input_grad[0]:  # dx[rows of g] = dy[rows of g] W_g
+            dx = ops.scaled_grouped_mm(gq, wq, g_sinv, w_sinv, offs=offs, out_dtype=ctx.x_dtype, scale_kind=0)
+        if ctx.needs_input_grad[1]:  # dW_g = dy[rows of g]^T x[rows of g]: the groups along K
+            dw = ops.scaled_grouped_mm_k(gq.t(), xq, g_sinv, x_sinv, offs=offs, out_dtype=ctx.w_dtype)
+        if db is not None:
+            db = db.to(ctx.bias_dtype)
+        return dx, dw, db if want_db else None, None, None
