@@ -307,7 +307,7 @@ def unconvert_model(model: nn.Module) -> nn.Module:
         for k in FP8_STATE_KEYS:
             m._buffers.pop(k, None)
         for k in [k for k in m.__dict__ if k.startswith(("_fp8", "_wcache", "_replay", "_nograd", "_auto_",
-                                                          "_maybe_fresh", "_fallback"))
+                                                          "_maybe_fresh", "_fallback", "_grouped"))
                   or k in ("fp8_recipe", "fp8_enabled")]:  # the per-module policy (config=, a plan)
             del m.__dict__[k]
         m.__class__ = cls
