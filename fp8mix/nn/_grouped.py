@@ -74,8 +74,17 @@ class GroupedPlan:
     __slots__ = ("delayed", "dtypes", "spec", "margin", "pow2", "eps", "x_scale", "w_scale", "g_plans", "g_slots",
                  "record", "out_dtype", "gemm0", "region", "replayed_by", "backward_done", "__weakref__")
 
-    def __init__(self):
-        self.x_scale = self.w_scale = self.g_plans = self.g_slots = None
+    def __init__(self, recipe, gemm0: int, record: bool):
+        self.gemm0, self.record, self.delayed = gemm0, record, recipe.delayed()
+        self.dtypes = tuple(fp8_dtype(recipe.format(r)) for r in ("input", "weight", "grad_output"))
+        self.spec = delayed_spec(recipe) if self.delayed else None
+        self.margin, self.pow2 = int(recipe.margin), bool(recipe.power_2_scale)
+        self.eps = float(getattr(recipe, "amax_epsilon", 0.0))
+        self.out_dtype = torch.float32
+        self.x_scale: Optional[torch.Tensor] = None  # delayed: the scales the casts used (a recompute repeats them)
+        self.w_scale: Optional[torch.Tensor] = None
+        self.g_plans: Optional[torch.Tensor] = None  # delayed: the gradient casts' plans and reserved slots
+        self.g_slots: Optional[torch.Tensor] = None
         self.backward_done = False
 
 
@@ -132,6 +141,7 @@ def grouped_linear_forward(m, x: torch.Tensor, weight: torch.Tensor, bias: Optio
     if replay is not None:
         plan = replay
     else:
+        assert frame is not None
         recipe = frame.recipe
         why = _unsupported(owner, recipe)
         if why is not None:
@@ -142,13 +152,7 @@ def grouped_linear_forward(m, x: torch.Tensor, weight: torch.Tensor, bias: Optio
             raise NotImplementedError(f"fp8mix.{owner}: amaxes all-reduced over ranks (reduce_amax=True with a "
                                       "process group of more than one rank) are not implemented for grouped GEMMs; "
                                       "pass reduce_amax=False to the recipe (each rank scales from its own tokens)")
-        plan = GroupedPlan()
-        plan.gemm0, plan.delayed = gemm0, recipe.delayed()
-        plan.dtypes = tuple(fp8_dtype(recipe.format(r)) for r in ("input", "weight", "grad_output"))
-        plan.spec = delayed_spec(recipe) if plan.delayed else None
-        plan.margin, plan.pow2 = int(recipe.margin), bool(recipe.power_2_scale)
-        plan.eps = float(getattr(recipe, "amax_epsilon", 0.0))
-        plan.record = (torch.is_grad_enabled() and m.training) or frame.calibrating
+        plan = GroupedPlan(recipe, gemm0, record=(torch.is_grad_enabled() and m.training) or frame.calibrating)
     plan.out_dtype = hp_out_dtype(x, weight.dtype)
     wants_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
     offs = torch.tensor(list(itertools.accumulate(splits)), dtype=torch.int64)
@@ -168,24 +172,27 @@ def _casts(m, x, weight, offs, plan: GroupedPlan, replaying: bool, wants_grad: b
     xd, wd, gd = plan.dtypes
     w2 = weight.reshape(G * N, K)
     w_offs = torch.arange(1, G + 1, dtype=torch.int64) * N
-    if replaying and plan.delayed:  # a checkpoint's recompute: the original forward's scales, nothing recorded
+    if replaying and plan.x_scale is not None and plan.w_scale is not None:
+        # a delayed checkpoint's recompute: the original forward's scales, nothing recorded
         rows = torch.diff(offs, prepend=offs.new_zeros(1))
         xq = ops.cast(x, plan.x_scale.repeat_interleave(rows), xd, granularity=Granularity.ROW, inf_to_nan=True)[0]
         wq = ops.cast(w2, plan.w_scale.repeat_interleave(N), wd, granularity=Granularity.ROW, inf_to_nan=True)[0]
         return xq, plan.x_scale.reciprocal(), wq.view(G, N, K), plan.w_scale.reciprocal()
     cache = m.__dict__.setdefault("_grouped_wcache", {})
     cached = cache.get(plan.gemm0) if (is_first_microbatch is False and not replaying) else None
-    if not plan.delayed:  # current scaling: a pure function of the tensors (a recompute repeats it)
-        kw = dict(margin=plan.margin, power_2_scale=plan.pow2, amax_epsilon=plan.eps, inf_to_nan=True)
-        xq, _, x_sinv, _ = ops.grouped_quantize(x, offs, xd, **kw)
+    spec = plan.spec
+    if spec is None:  # current scaling: a pure function of the tensors (a recompute repeats it)
+        xq, _, x_sinv, _ = ops.grouped_quantize(x, offs, xd, margin=plan.margin, power_2_scale=plan.pow2,
+                                                amax_epsilon=plan.eps, inf_to_nan=True)
         if cached is not None:
             wq, w_sinv = cached
         else:
-            wq, _, w_sinv, _ = ops.grouped_quantize(w2, w_offs, wd, **kw)
+            wq, _, w_sinv, _ = ops.grouped_quantize(w2, w_offs, wd, margin=plan.margin, power_2_scale=plan.pow2,
+                                                    amax_epsilon=plan.eps, inf_to_nan=True)
             if is_first_microbatch:
                 cache[plan.gemm0] = (wq, w_sinv)
         return xq, x_sinv, wq.view(G, N, K), w_sinv
-    b, spec, g0 = m._buffers, plan.spec, plan.gemm0
+    b, g0 = m._buffers, plan.gemm0
     m._ensure_history(spec.history_len)
     hist, scale, steps = b["fp8_amax_history"], b["fp8_scale"], b["fp8_steps"]
     plan.g_plans, plan.g_slots = ops.grouped_delayed_flush(
