@@ -61,11 +61,24 @@ def check_splits(owner: str, m_splits, groups: int, rows: int) -> list:
     return splits
 
 
-def _hp_forward(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], splits: list) -> torch.Tensor:
+def _as_block(weights: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The experts' weights as one (G, N, K) tensor for the casts (no autograd): a view when
+    they lie side by side in one buffer (fp8mix.GroupedLinear allocates them so), else a copy."""
+    w0 = weights[0]
+    n, k = w0.shape
+    step = n * k * w0.element_size()
+    if all(w.is_contiguous() and w.shape == w0.shape and w.dtype == w0.dtype and w.device == w0.device
+           and w.untyped_storage().data_ptr() == w0.untyped_storage().data_ptr()
+           and w.data_ptr() == w0.data_ptr() + g * step for g, w in enumerate(weights)):
+        return w0.detach().as_strided((len(weights), n, k), (n * k, k, 1))
+    return torch.stack([w.detach() for w in weights])
+
+
+def _hp_forward(x: torch.Tensor, weight, bias: Optional[torch.Tensor], splits: list) -> torch.Tensor:
     """Each group's rows through F.linear (bit for bit nn.Linear per expert)."""
     parts = torch.split(x, splits)
     ys = [F.linear(p, weight[g], None if bias is None else bias[g]) for g, p in enumerate(parts)]
-    return torch.cat(ys) if ys else x.new_empty(0, weight.shape[1])
+    return torch.cat(ys)  # (G >= 1: never empty)
 
 
 class GroupedPlan:
@@ -102,18 +115,25 @@ def _unsupported(owner: str, recipe) -> Optional[str]:
     return None
 
 
-def grouped_linear_forward(m, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                           m_splits: Union[Sequence[int], torch.Tensor], *, gemm0: int = 0,
-                           is_first_microbatch=None) -> torch.Tensor:
-    """y (T, N) for x (T, K), weight (G, N, K), bias (G, N) or None: rows of group g times
-    weight[g]^T plus bias[g]; in FP8 under fp8_autocast with module m's FP8 state, GEMMs
-    gemm0 .. gemm0 + G - 1. is_first_microbatch as fp8mix.Linear's (TE's): True casts and
-    keeps the FP8 weights, False reuses them."""
+def grouped_linear_forward(m, x: torch.Tensor, weight: Union[torch.Tensor, Sequence[torch.Tensor]],
+                           bias: Optional[torch.Tensor], m_splits: Union[Sequence[int], torch.Tensor], *,
+                           gemm0: int = 0, is_first_microbatch=None) -> torch.Tensor:
+    """y (T, N) for x (T, K), weight (G, N, K) (one tensor, e.g. a stacked 3-D parameter, or
+    a sequence of G (N, K) tensors: each gets its own gradient), bias (G, N) or None: rows of
+    group g times weight[g]^T plus bias[g]; in FP8 under fp8_autocast with module m's FP8
+    state, GEMMs gemm0 .. gemm0 + G - 1. is_first_microbatch as fp8mix.Linear's (TE's): True
+    casts and keeps the FP8 weights, False reuses them."""
     owner = type(m).__name__
-    if not isinstance(x, torch.Tensor) or x.dim() != 2 or weight.dim() != 3 or x.shape[1] != weight.shape[2]:
-        raise ValueError(f"fp8mix.{owner}: input {tuple(getattr(x, 'shape', ()))} and weight {tuple(weight.shape)} "
+    whole: Optional[torch.Tensor] = weight if isinstance(weight, torch.Tensor) else None
+    weights: list = [] if whole is not None else list(weight)
+    if whole is None and (not weights or any(not isinstance(w, torch.Tensor) or w.dim() != 2
+                                             or w.shape != weights[0].shape for w in weights)):
+        raise ValueError(f"fp8mix.{owner}: weight must be a (G, N, K) tensor or G tensors of one (N, K) shape")
+    shape = tuple(whole.shape) if whole is not None else (len(weights), *weights[0].shape)
+    if not isinstance(x, torch.Tensor) or x.dim() != 2 or len(shape) != 3 or x.shape[1] != shape[2]:
+        raise ValueError(f"fp8mix.{owner}: input {tuple(getattr(x, 'shape', ()))} and weight {shape} "
                          "do not make a grouped linear (x (T, K), weight (G, N, K))")
-    G, N, K = weight.shape
+    G, N, K = shape
     if bias is not None and tuple(bias.shape) != (G, N):
         raise ValueError(f"fp8mix.{owner}: bias has shape {tuple(bias.shape)}, expected ({G}, {N})")
     if not 0 <= gemm0 <= m.fp8_gemms - G:
@@ -130,6 +150,8 @@ def grouped_linear_forward(m, x: torch.Tensor, weight: torch.Tensor, bias: Optio
             frame = frame_for(m, frame)
             if not frame.enabled:
                 return _hp_forward(x, weight, bias, splits)
+    w_inputs: list = [whole] if whole is not None else weights
+    w_dtype = w_inputs[0].dtype
     if x.dtype not in _HP:
         raise TypeError(f"fp8mix.{owner}: input must be float32, bfloat16 or float16, got {x.dtype}")
     if not x.is_cpu:
@@ -153,16 +175,18 @@ def grouped_linear_forward(m, x: torch.Tensor, weight: torch.Tensor, bias: Optio
                                       "process group of more than one rank) are not implemented for grouped GEMMs; "
                                       "pass reduce_amax=False to the recipe (each rank scales from its own tokens)")
         plan = GroupedPlan(recipe, gemm0, record=(torch.is_grad_enabled() and m.training) or frame.calibrating)
-    plan.out_dtype = hp_out_dtype(x, weight.dtype)
-    wants_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+    plan.out_dtype = hp_out_dtype(x, w_dtype)
+    wants_grad = torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in w_inputs))
     offs = torch.tensor(list(itertools.accumulate(splits)), dtype=torch.int64)
     with torch.no_grad():
-        xq, x_sinv, wq, w_sinv = _casts(m, x.detach(), weight.detach(), offs, plan, replay is not None,
-                                        wants_grad, is_first_microbatch)
+        block = whole.detach() if whole is not None else _as_block(w_inputs)
+        xq, x_sinv, wq, w_sinv = _casts(m, x.detach(), block, offs, plan, replay is not None, wants_grad,
+                                        is_first_microbatch)
     if replay is None and plan.record and wants_grad and eager and under_saved_tensor_hooks(eager=True):
         m._replay[gemm0].push(plan)  # a checkpoint may recompute this forward: it will repeat this plan
     pending = m._buffers["fp8_grad_pending"][gemm0:gemm0 + G] if (plan.delayed and plan.record) else None
-    return GroupedFP8Function.apply(x, weight, bias, (xq, x_sinv, wq, w_sinv, offs, pending), plan)
+    return GroupedFP8Function.apply(x, bias, (xq, x_sinv, wq, w_sinv, offs, pending), plan, whole is None,
+                                    *w_inputs)
 
 
 def _casts(m, x, weight, offs, plan: GroupedPlan, replaying: bool, wants_grad: bool, is_first_microbatch):
@@ -216,13 +240,13 @@ class GroupedFP8Function(torch.autograd.Function):
     casts dy per expert once and runs dgrad (grouped GEMM) and wgrad (grouped-K GEMM)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, fp8, plan: GroupedPlan):
+    def forward(ctx, x, bias, fp8, plan: GroupedPlan, as_list: bool, *weights):
         xq, x_sinv, wq, w_sinv, offs, pending = fp8
         y = ops.scaled_grouped_mm(xq, wq.transpose(1, 2), x_sinv, w_sinv, offs=offs, bias=bias,
                                   out_dtype=plan.out_dtype, scale_kind=0)
         ctx.save_for_backward(xq, x_sinv, wq, w_sinv, offs)
         ctx.plan, ctx.pending = plan, pending
-        ctx.x_dtype, ctx.w_dtype = x.dtype, weight.dtype
+        ctx.x_dtype, ctx.w_dtype, ctx.as_list = x.dtype, weights[0].dtype, as_list
         ctx.bias_dtype = None if bias is None else bias.dtype
         return y
 
@@ -235,7 +259,7 @@ class GroupedFP8Function(torch.autograd.Function):
                                       "implemented; run the experts outside fp8_autocast for it")
         plan.backward_done = True
         dy2 = dy if dy.dtype in _HP else dy.float()
-        want_db = ctx.bias_dtype is not None and ctx.needs_input_grad[2]
+        want_db = ctx.bias_dtype is not None and ctx.needs_input_grad[1]
         delayed = plan.delayed and plan.g_plans is not None
         gq, _, g_sinv, _, db = ops.grouped_grad_cast(
             dy2, offs, plan.dtypes[2], plans=plan.g_plans if delayed else None,
@@ -245,8 +269,9 @@ class GroupedFP8Function(torch.autograd.Function):
         dx = dw = None
         if ctx.needs_input_grad[0]:  # dx[rows of g] = dy[rows of g] W_g
             dx = ops.scaled_grouped_mm(gq, wq, g_sinv, w_sinv, offs=offs, out_dtype=ctx.x_dtype, scale_kind=0)
-        if ctx.needs_input_grad[1]:  # dW_g = dy[rows of g]^T x[rows of g]: the groups along K
+        if any(ctx.needs_input_grad[5:]):  # dW_g = dy[rows of g]^T x[rows of g]: the groups along K
             dw = ops.scaled_grouped_mm_k(gq.t(), xq, g_sinv, x_sinv, offs=offs, out_dtype=ctx.w_dtype)
         if db is not None:
             db = db.to(ctx.bias_dtype)
-        return dx, dw, db if want_db else None, None, None
+        dws = (None,) * len(ctx.needs_input_grad[5:]) if dw is None else tuple(dw.unbind(0)) if ctx.as_list else (dw,)
+        return (dx, db if want_db else None, None, None, None, *dws)

@@ -259,3 +259,24 @@ def test_bad_arguments_and_recipes():
     for rec in (R.BlockScaling(), R.MXFP8BlockScaling(), R.DelayedScaling(fp8_format=fp8mix.Format.AUTO)):
         with fp8mix.fp8_autocast(fp8_recipe=rec), pytest.raises(NotImplementedError, match="grouped GEMMs"):
             gl(torch.randn(31, K), SPLITS[0])
+
+
+def test_weights_apart_and_a_stacked_3d_parameter_give_the_same_bits():
+    """The casts read the experts' weights as one block when they lie side by side; weights
+    moved apart (here: one replaced) are stacked instead, and a stacked 3-D parameter (as
+    Hugging Face MoE blocks hold experts) goes through the functional form."""
+    from fp8mix.nn._grouped import grouped_linear_forward
+
+    gl, _ = _pair(bias=False)
+    x = torch.randn(31, K)
+    w3 = torch.nn.Parameter(torch.stack([w.detach().clone() for w in gl.weights()]))
+    with fp8mix.fp8_autocast(fp8_recipe=R.Float8CurrentScaling()):
+        y_block = gl(x, SPLITS[0])
+        gl.weight1 = torch.nn.Parameter(gl.weight1.detach().clone())  # no longer beside weight0
+        y_apart = gl(x, SPLITS[0])
+        y_3d = grouped_linear_forward(gl, x, w3, None, SPLITS[0])
+    assert torch.equal(y_block, y_apart) and torch.equal(y_block, y_3d)
+    y_3d.square().sum().backward()
+    y_apart.square().sum().backward()
+    for g in range(G):
+        assert torch.equal(w3.grad[g], getattr(gl, f"weight{g}").grad), g
