@@ -44,6 +44,7 @@ import torch.nn as nn
 from ..monitor.export import _json_safe as _safe  # the monitor's strict-JSON rule: non-finite floats as strings
 from ..nn.convert import convert_model
 from ..nn.fp8_state import FP8StateMixin
+from ..nn.layer_order import mark_layer_order
 from .recipes import recipe_from_json, recipe_to_json
 
 __all__ = ["Plan", "LayerPlan", "PLAN_FORMAT", "PLAN_VERSION", "fp8_layers"]
@@ -168,6 +169,7 @@ class Plan:
         if not layers:
             convert_model(model)
             layers = fp8_layers(model)
+        mark_layer_order(model)  # (the whole model's order: NVFP4's default rule for layers the plan leaves)
         missing = [lp.name for lp in self.layers if lp.name not in layers]
         if missing:
             raise ValueError(f"fp8mix.Plan.apply: the model has no fp8mix layer named {missing}; it has "
