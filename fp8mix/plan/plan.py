@@ -23,7 +23,8 @@ JSON (``plan.save(path)`` / ``Plan.load(path)``), stable keys of version 1::
                  "candidate": label | null, "recipe": recipe | null, "formats": {role: "E4M3" | "E5M2"} | null,
                  "flops": float, "cost": float, "solo_increase": float, "keep_gain": float,
                  "output_sqnr_db": {label: float}, "grad_sqnr_db": {label: float}, "reason": str,
-                 "smooth": bool,                  per-channel smoothing of the input (fp8_smooth)
+                 "smooth": bool,                  per-channel smoothing of the input (fp8_smooth;
+                                                  LayerNormMLP: of fc2's, Smooth-SwiGLU)
                  "channel_spread": float,         input's max / median channel amax (first batch)
                  "outlier_channels": int}]}       input channels >= 100x the median (plan.outliers)
 
@@ -176,7 +177,8 @@ class Plan:
                              f"{sorted(layers)} (was the plan made for another model?)")
         bad = [lp.name for lp in self.layers if lp.smooth and not hasattr(type(layers[lp.name]), "fp8_smooth")]
         if bad:
-            raise ValueError(f"fp8mix.Plan.apply: the plan smooths {bad}, which have no fp8_smooth (not fp8mix.Linear)")
+            raise ValueError(f"fp8mix.Plan.apply: the plan smooths {bad}, which have no fp8_smooth "
+                             "(fp8mix.Linear and LayerNormMLP have it)")
         for lp in self.layers:
             m = layers[lp.name]
             m.fp8_enabled = lp.decision == "fp8"
