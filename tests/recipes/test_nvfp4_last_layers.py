@@ -199,3 +199,35 @@ def test_the_field_is_validated():
             NVFP4BlockScaling(keep_last_layers_hp=bad)
     with pytest.raises(TypeError, match="mark_layer_order expects an nn.Module"):
         fp8mix.mark_layer_order("model")
+
+
+def test_the_literal_default_on_a_ten_layer_model():
+    assert _precision_of(_model(10), NVFP4BlockScaling()) == ["nvfp4"] * 8 + ["hp"] * 2
+
+
+def test_a_transformers_gpt2_keeps_its_head_and_last_block():
+    """A real Hugging Face GPT-2 (random init from a config): module order is c_attn, c_proj,
+    c_fc, c_proj per block, then lm_head; keep 5 = the last block's four Conv1D and the head,
+    whose outputs are transformers' own Conv1D / nn.Linear forward bit for bit."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.pytorch_utils import Conv1D as HFConv1D
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=16,
+                                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    torch.manual_seed(0)
+    model = fp8mix.convert_model(transformers.GPT2LMHeadModel(cfg)).eval()
+    layers = [(n, m) for n, m in model.named_modules() if isinstance(m, (fp8mix.Linear, fp8mix.nn.Conv1D))]
+    assert [n for n, _ in layers][-5:] == ["transformer.h.1.attn.c_attn", "transformer.h.1.attn.c_proj",
+                                           "transformer.h.1.mlp.c_fc", "transformer.h.1.mlp.c_proj", "lm_head"]
+    seen: list = []
+    hooks = [m.register_forward_hook(lambda m, a, out: seen.append((m, a[0].detach(), out.detach())))
+             for _, m in layers]
+    ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), fp8mix.fp8_autocast(fp8_recipe=NVFP4BlockScaling(keep_last_layers_hp=5)):
+        model(ids)
+    for h in hooks:
+        h.remove()
+    kinds = []
+    for m, inp, y in seen:
+        ref = HFConv1D.forward(m, inp) if isinstance(m, fp8mix.nn.Conv1D) else F.linear(inp, m.weight, m.bias)
+        kinds.append("hp" if torch.equal(y, ref) else "nvfp4")
+    assert kinds == ["nvfp4"] * 4 + ["hp"] * 5
