@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from .. import ops
 from ..context import current_frame, note_module_ran
 from ..formats import Format, Granularity, fp8_dtype
+from ..recipe import NVFP4BlockScaling
 from ._forward import frame_for, hp_out_dtype, reduce_group
 from ._plan import delayed_spec
 from .recompute import in_recompute, under_saved_tensor_hooks
@@ -103,6 +104,8 @@ class GroupedPlan:
 
 def _unsupported(owner: str, recipe) -> Optional[str]:
     """Why this recipe cannot run through the grouped path (None: it can)."""
+    if isinstance(recipe, NVFP4BlockScaling):
+        return "NVFP4BlockScaling"
     if recipe.along_reduction() or any(recipe.granularity(r) != Granularity.TENSOR
                                        for r in ("input", "weight", "grad_output")):
         return f"{type(recipe).__name__} (only per-tensor recipes: DelayedScaling, Float8CurrentScaling)"

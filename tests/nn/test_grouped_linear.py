@@ -256,7 +256,8 @@ def test_bad_arguments_and_recipes():
     gl, _ = _pair()
     with pytest.raises(ValueError, match=r"expected \(\.\.\., 48\)"):
         gl(torch.randn(31, K + 1), SPLITS[0])
-    for rec in (R.BlockScaling(), R.MXFP8BlockScaling(), R.DelayedScaling(fp8_format=fp8mix.Format.AUTO)):
+    for rec in (R.BlockScaling(), R.MXFP8BlockScaling(), R.DelayedScaling(fp8_format=fp8mix.Format.AUTO),
+                R.NVFP4BlockScaling(), R.Float8CurrentScaling(rounding="stochastic")):
         with fp8mix.fp8_autocast(fp8_recipe=rec), pytest.raises(NotImplementedError, match="grouped GEMMs"):
             gl(torch.randn(31, K), SPLITS[0])
 
