@@ -28,6 +28,7 @@ from .nn import (
     checkpoint,
     convert_model,
     load_fp8_state,
+    mark_layer_order,
     strip_fp8_state,
     unconvert_model,
 )
@@ -55,4 +56,5 @@ __all__ = [
     "LayerNorm", "RMSNorm", "LayerNormLinear", "LayerNormMLP", "TransformerLayer", "convert_module_to_fp8",
     "FP8GlobalState",
     "search_plan", "Plan", "ProgressiveFP8", "FP8Guard", "fp8_model_init", "dequantize_fp8_weights",
+    "mark_layer_order",
 ]

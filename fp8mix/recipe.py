@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 import types
 from typing import TYPE_CHECKING, Callable, Optional, Union
@@ -412,7 +413,19 @@ class NVFP4BlockScaling:
     out_features must be multiples of 16. The stochastic words come from the layer's
     ``fp8_rng`` stream, drawn in backward (so activation checkpointing, which repeats only
     the forward, changes nothing). No FP8 state is read or written. ``rht_signs``: the
-    Hadamard transform's 16 random signs as a bit mask (fixed, as TE's)."""
+    Hadamard transform's 16 random signs as a bit mask (fixed, as TE's).
+
+    ``keep_last_layers_hp`` (fp8mix's, TE has no such field: Megatron-LM keeps such layers
+    in BF16 by its own options): the last layers of the model, in module order, run in high
+    precision, the rule of "Pretraining Large Language Models with NVFP4" (NVIDIA, 2025,
+    arXiv:2509.25149: a few sensitive linear layers stay in BF16, about 15% of them and
+    mostly at the end of the network; the last layers show the largest wgrad quantisation
+    errors, and training diverged with every linear layer in FP4). A float in [0, 1) is a
+    fraction of the model's fp8mix layers (the count rounded half up: 0.15 of 9 layers is
+    1, of 2 layers 0), an int a count; 0 turns the rule off. Default 0.15, the paper's
+    share. Which layers are "last" is fp8mix.nn.layer_order's (set by convert_model, or
+    fp8mix.mark_layer_order(model)); a layer with its own policy (``fp8_enabled`` /
+    ``fp8_recipe`` set by a precision plan or by hand) follows that policy instead."""
 
     fp4_format: str = "E2M1"
     fp8_format: Format = Format.E4M3
@@ -424,8 +437,10 @@ class NVFP4BlockScaling:
     rht_signs: int = 0xB4E1
     fp8_dpa: bool = False
     fp8_mha: bool = False
+    keep_last_layers_hp: Union[float, int] = 0.15
 
     def __post_init__(self):
+        _check_keep_last(self.keep_last_layers_hp)
         if getattr(self.fp4_format, "name", self.fp4_format) != "E2M1":  # (TE's Format.E2M1 has that name)
             raise ValueError(f"NVFP4BlockScaling.fp4_format must be 'E2M1', got {self.fp4_format!r}")
         object.__setattr__(self, "fp4_format", "E2M1")
@@ -444,6 +459,25 @@ class NVFP4BlockScaling:
         return False
 
     reduce_amax = False  # current scaling of local tensors: nothing is all-reduced
+
+    def high_precision_tail(self, layers: int) -> int:
+        """How many of a model's `layers` fp8mix layers, counted from its last one,
+        keep_last_layers_hp keeps in high precision."""
+        k = self.keep_last_layers_hp
+        n = math.floor(k * layers + 0.5) if isinstance(k, float) else k
+        return min(int(n), layers)
+
+
+def _check_keep_last(k) -> None:
+    name = "NVFP4BlockScaling.keep_last_layers_hp"
+    if isinstance(k, bool) or not isinstance(k, (int, float)):
+        raise TypeError(f"{name} must be a float fraction in [0, 1) or an int count >= 0, got "
+                        f"{type(k).__name__} {k!r}")
+    if isinstance(k, float) and not 0.0 <= k < 1.0:
+        raise ValueError(f"{name}: a float is a fraction of the layers and must be in [0, 1), got {k!r} "
+                         "(give an int for a count of layers)")
+    if isinstance(k, int) and k < 0:
+        raise ValueError(f"{name}: a count of layers must be >= 0, got {k!r}")
 
 
 

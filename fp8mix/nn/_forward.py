@@ -27,10 +27,11 @@ from ._nvfp4 import nvfp4_forward
 from ._plan import Operands, Path, StepPlan, delayed_spec, fmt_dtype, grad_state, recipe_consts
 from ._tp import check_group_recipe, is_dtensor
 from .fp8_weight import FP8WeightBase, check_recipe
+from .layer_order import keeps_high_precision
 from .observe import auto_forward, monitor_forward
 from .recompute import in_recompute, under_saved_tensor_hooks
 
-__all__ = ["fp8_forward", "make_plan", "reduce_group", "amax_groups", "hp_out_dtype"]
+__all__ = ["fp8_forward", "frame_for", "needs_own_frame", "make_plan", "reduce_group", "amax_groups", "hp_out_dtype"]
 
 log = logging.getLogger("fp8mix")
 _HP = (torch.float32, torch.bfloat16, torch.float16)
@@ -66,12 +67,24 @@ def amax_groups(group, tp_group):
     return (group, tp)
 
 
+def needs_own_frame(m, frame) -> bool:
+    """Whether module m sees another frame than the autocast's (cheap: asked every forward)."""
+    return not m.fp8_enabled or m.fp8_recipe is not None or type(frame.recipe) is NVFP4BlockScaling
+
+
 def frame_for(m, frame):
     """The autocast frame as this module sees it: its own recipe (m.fp8_recipe), or FP8 off
-    (m.fp8_enabled False), as a precision plan decided."""
+    (m.fp8_enabled False), as a precision plan decided; else, under NVFP4BlockScaling,
+    high precision when the recipe's default rule keeps the model's last layers there
+    (keep_last_layers_hp: fp8mix.nn.layer_order)."""
     if not m.fp8_enabled:
         return dataclasses.replace(frame, enabled=False, calibrating=False)
-    return dataclasses.replace(frame, recipe=m.fp8_recipe)
+    if m.fp8_recipe is not None:
+        return dataclasses.replace(frame, recipe=m.fp8_recipe)
+    if type(frame.recipe) is NVFP4BlockScaling and keeps_high_precision(m, frame.recipe):
+        note_module_ran()  # (it ran inside the autocast, in high precision by the recipe's rule)
+        return dataclasses.replace(frame, enabled=False, calibrating=False)
+    return frame
 
 
 def _check_input(m, x: torch.Tensor, weight: torch.Tensor, in_features: int) -> None:
@@ -192,7 +205,7 @@ def fp8_forward(m, x: torch.Tensor, weight: torch.Tensor, bias, *, layout: str, 
     recompute = eager and in_recompute(eager=True) and torch.is_grad_enabled()
     replay = m._replay[gemm].take() if recompute else None
     frame = current_frame()
-    if replay is None and frame is not None and (not m.fp8_enabled or m.fp8_recipe is not None):
+    if replay is None and frame is not None and needs_own_frame(m, frame):
         frame = frame_for(m, frame)
     if replay is None:
         if frame is None and recompute and m._nograd_frame is not None:

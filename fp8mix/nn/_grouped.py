@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from .. import ops
 from ..context import current_frame, note_module_ran
 from ..formats import Format, Granularity, fp8_dtype
+from ..recipe import NVFP4BlockScaling
 from ._forward import frame_for, hp_out_dtype, reduce_group
 from ._plan import delayed_spec
 from .recompute import in_recompute, under_saved_tensor_hooks
@@ -61,11 +62,24 @@ def check_splits(owner: str, m_splits, groups: int, rows: int) -> list:
     return splits
 
 
-def _hp_forward(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], splits: list) -> torch.Tensor:
+def _as_block(weights: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The experts' weights as one (G, N, K) tensor for the casts (no autograd): a view when
+    they lie side by side in one buffer (fp8mix.GroupedLinear allocates them so), else a copy."""
+    w0 = weights[0]
+    n, k = w0.shape
+    step = n * k * w0.element_size()
+    if all(w.is_contiguous() and w.shape == w0.shape and w.dtype == w0.dtype and w.device == w0.device
+           and w.untyped_storage().data_ptr() == w0.untyped_storage().data_ptr()
+           and w.data_ptr() == w0.data_ptr() + g * step for g, w in enumerate(weights)):
+        return w0.detach().as_strided((len(weights), n, k), (n * k, k, 1))
+    return torch.stack([w.detach() for w in weights])
+
+
+def _hp_forward(x: torch.Tensor, weight, bias: Optional[torch.Tensor], splits: list) -> torch.Tensor:
     """Each group's rows through F.linear (bit for bit nn.Linear per expert)."""
     parts = torch.split(x, splits)
     ys = [F.linear(p, weight[g], None if bias is None else bias[g]) for g, p in enumerate(parts)]
-    return torch.cat(ys) if ys else x.new_empty(0, weight.shape[1])
+    return torch.cat(ys)  # (G >= 1: never empty)
 
 
 class GroupedPlan:
@@ -74,13 +88,24 @@ class GroupedPlan:
     __slots__ = ("delayed", "dtypes", "spec", "margin", "pow2", "eps", "x_scale", "w_scale", "g_plans", "g_slots",
                  "record", "out_dtype", "gemm0", "region", "replayed_by", "backward_done", "__weakref__")
 
-    def __init__(self):
-        self.x_scale = self.w_scale = self.g_plans = self.g_slots = None
+    def __init__(self, recipe, gemm0: int, record: bool):
+        self.gemm0, self.record, self.delayed = gemm0, record, recipe.delayed()
+        self.dtypes = tuple(fp8_dtype(recipe.format(r)) for r in ("input", "weight", "grad_output"))
+        self.spec = delayed_spec(recipe) if self.delayed else None
+        self.margin, self.pow2 = int(recipe.margin), bool(recipe.power_2_scale)
+        self.eps = float(getattr(recipe, "amax_epsilon", 0.0))
+        self.out_dtype = torch.float32
+        self.x_scale: Optional[torch.Tensor] = None  # delayed: the scales the casts used (a recompute repeats them)
+        self.w_scale: Optional[torch.Tensor] = None
+        self.g_plans: Optional[torch.Tensor] = None  # delayed: the gradient casts' plans and reserved slots
+        self.g_slots: Optional[torch.Tensor] = None
         self.backward_done = False
 
 
 def _unsupported(owner: str, recipe) -> Optional[str]:
     """Why this recipe cannot run through the grouped path (None: it can)."""
+    if isinstance(recipe, NVFP4BlockScaling):
+        return "NVFP4BlockScaling"
     if recipe.along_reduction() or any(recipe.granularity(r) != Granularity.TENSOR
                                        for r in ("input", "weight", "grad_output")):
         return f"{type(recipe).__name__} (only per-tensor recipes: DelayedScaling, Float8CurrentScaling)"
@@ -93,18 +118,25 @@ def _unsupported(owner: str, recipe) -> Optional[str]:
     return None
 
 
-def grouped_linear_forward(m, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                           m_splits: Union[Sequence[int], torch.Tensor], *, gemm0: int = 0,
-                           is_first_microbatch=None) -> torch.Tensor:
-    """y (T, N) for x (T, K), weight (G, N, K), bias (G, N) or None: rows of group g times
-    weight[g]^T plus bias[g]; in FP8 under fp8_autocast with module m's FP8 state, GEMMs
-    gemm0 .. gemm0 + G - 1. is_first_microbatch as fp8mix.Linear's (TE's): True casts and
-    keeps the FP8 weights, False reuses them."""
+def grouped_linear_forward(m, x: torch.Tensor, weight: Union[torch.Tensor, Sequence[torch.Tensor]],
+                           bias: Optional[torch.Tensor], m_splits: Union[Sequence[int], torch.Tensor], *,
+                           gemm0: int = 0, is_first_microbatch=None) -> torch.Tensor:
+    """y (T, N) for x (T, K), weight (G, N, K) (one tensor, e.g. a stacked 3-D parameter, or
+    a sequence of G (N, K) tensors: each gets its own gradient), bias (G, N) or None: rows of
+    group g times weight[g]^T plus bias[g]; in FP8 under fp8_autocast with module m's FP8
+    state, GEMMs gemm0 .. gemm0 + G - 1. is_first_microbatch as fp8mix.Linear's (TE's): True
+    casts and keeps the FP8 weights, False reuses them."""
     owner = type(m).__name__
-    if not isinstance(x, torch.Tensor) or x.dim() != 2 or weight.dim() != 3 or x.shape[1] != weight.shape[2]:
-        raise ValueError(f"fp8mix.{owner}: input {tuple(getattr(x, 'shape', ()))} and weight {tuple(weight.shape)} "
+    whole: Optional[torch.Tensor] = weight if isinstance(weight, torch.Tensor) else None
+    weights: list = [] if whole is not None else list(weight)
+    if whole is None and (not weights or any(not isinstance(w, torch.Tensor) or w.dim() != 2
+                                             or w.shape != weights[0].shape for w in weights)):
+        raise ValueError(f"fp8mix.{owner}: weight must be a (G, N, K) tensor or G tensors of one (N, K) shape")
+    shape = tuple(whole.shape) if whole is not None else (len(weights), *weights[0].shape)
+    if not isinstance(x, torch.Tensor) or x.dim() != 2 or len(shape) != 3 or x.shape[1] != shape[2]:
+        raise ValueError(f"fp8mix.{owner}: input {tuple(getattr(x, 'shape', ()))} and weight {shape} "
                          "do not make a grouped linear (x (T, K), weight (G, N, K))")
-    G, N, K = weight.shape
+    G, N, K = shape
     if bias is not None and tuple(bias.shape) != (G, N):
         raise ValueError(f"fp8mix.{owner}: bias has shape {tuple(bias.shape)}, expected ({G}, {N})")
     if not 0 <= gemm0 <= m.fp8_gemms - G:
@@ -121,6 +153,8 @@ def grouped_linear_forward(m, x: torch.Tensor, weight: torch.Tensor, bias: Optio
             frame = frame_for(m, frame)
             if not frame.enabled:
                 return _hp_forward(x, weight, bias, splits)
+    w_inputs: list = [whole] if whole is not None else weights
+    w_dtype = w_inputs[0].dtype
     if x.dtype not in _HP:
         raise TypeError(f"fp8mix.{owner}: input must be float32, bfloat16 or float16, got {x.dtype}")
     if not x.is_cpu:
@@ -132,6 +166,7 @@ def grouped_linear_forward(m, x: torch.Tensor, weight: torch.Tensor, bias: Optio
     if replay is not None:
         plan = replay
     else:
+        assert frame is not None
         recipe = frame.recipe
         why = _unsupported(owner, recipe)
         if why is not None:
@@ -142,23 +177,19 @@ def grouped_linear_forward(m, x: torch.Tensor, weight: torch.Tensor, bias: Optio
             raise NotImplementedError(f"fp8mix.{owner}: amaxes all-reduced over ranks (reduce_amax=True with a "
                                       "process group of more than one rank) are not implemented for grouped GEMMs; "
                                       "pass reduce_amax=False to the recipe (each rank scales from its own tokens)")
-        plan = GroupedPlan()
-        plan.gemm0, plan.delayed = gemm0, recipe.delayed()
-        plan.dtypes = tuple(fp8_dtype(recipe.format(r)) for r in ("input", "weight", "grad_output"))
-        plan.spec = delayed_spec(recipe) if plan.delayed else None
-        plan.margin, plan.pow2 = int(recipe.margin), bool(recipe.power_2_scale)
-        plan.eps = float(getattr(recipe, "amax_epsilon", 0.0))
-        plan.record = (torch.is_grad_enabled() and m.training) or frame.calibrating
-    plan.out_dtype = hp_out_dtype(x, weight.dtype)
-    wants_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+        plan = GroupedPlan(recipe, gemm0, record=(torch.is_grad_enabled() and m.training) or frame.calibrating)
+    plan.out_dtype = hp_out_dtype(x, w_dtype)
+    wants_grad = torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in w_inputs))
     offs = torch.tensor(list(itertools.accumulate(splits)), dtype=torch.int64)
     with torch.no_grad():
-        xq, x_sinv, wq, w_sinv = _casts(m, x.detach(), weight.detach(), offs, plan, replay is not None,
-                                        wants_grad, is_first_microbatch)
+        block = whole.detach() if whole is not None else _as_block(w_inputs)
+        xq, x_sinv, wq, w_sinv = _casts(m, x.detach(), block, offs, plan, replay is not None, wants_grad,
+                                        is_first_microbatch)
     if replay is None and plan.record and wants_grad and eager and under_saved_tensor_hooks(eager=True):
         m._replay[gemm0].push(plan)  # a checkpoint may recompute this forward: it will repeat this plan
     pending = m._buffers["fp8_grad_pending"][gemm0:gemm0 + G] if (plan.delayed and plan.record) else None
-    return GroupedFP8Function.apply(x, weight, bias, (xq, x_sinv, wq, w_sinv, offs, pending), plan)
+    return GroupedFP8Function.apply(x, bias, (xq, x_sinv, wq, w_sinv, offs, pending), plan, whole is None,
+                                    *w_inputs)
 
 
 def _casts(m, x, weight, offs, plan: GroupedPlan, replaying: bool, wants_grad: bool, is_first_microbatch):
@@ -168,24 +199,27 @@ def _casts(m, x, weight, offs, plan: GroupedPlan, replaying: bool, wants_grad: b
     xd, wd, gd = plan.dtypes
     w2 = weight.reshape(G * N, K)
     w_offs = torch.arange(1, G + 1, dtype=torch.int64) * N
-    if replaying and plan.delayed:  # a checkpoint's recompute: the original forward's scales, nothing recorded
+    if replaying and plan.x_scale is not None and plan.w_scale is not None:
+        # a delayed checkpoint's recompute: the original forward's scales, nothing recorded
         rows = torch.diff(offs, prepend=offs.new_zeros(1))
         xq = ops.cast(x, plan.x_scale.repeat_interleave(rows), xd, granularity=Granularity.ROW, inf_to_nan=True)[0]
         wq = ops.cast(w2, plan.w_scale.repeat_interleave(N), wd, granularity=Granularity.ROW, inf_to_nan=True)[0]
         return xq, plan.x_scale.reciprocal(), wq.view(G, N, K), plan.w_scale.reciprocal()
     cache = m.__dict__.setdefault("_grouped_wcache", {})
     cached = cache.get(plan.gemm0) if (is_first_microbatch is False and not replaying) else None
-    if not plan.delayed:  # current scaling: a pure function of the tensors (a recompute repeats it)
-        kw = dict(margin=plan.margin, power_2_scale=plan.pow2, amax_epsilon=plan.eps, inf_to_nan=True)
-        xq, _, x_sinv, _ = ops.grouped_quantize(x, offs, xd, **kw)
+    spec = plan.spec
+    if spec is None:  # current scaling: a pure function of the tensors (a recompute repeats it)
+        xq, _, x_sinv, _ = ops.grouped_quantize(x, offs, xd, margin=plan.margin, power_2_scale=plan.pow2,
+                                                amax_epsilon=plan.eps, inf_to_nan=True)
         if cached is not None:
             wq, w_sinv = cached
         else:
-            wq, _, w_sinv, _ = ops.grouped_quantize(w2, w_offs, wd, **kw)
+            wq, _, w_sinv, _ = ops.grouped_quantize(w2, w_offs, wd, margin=plan.margin, power_2_scale=plan.pow2,
+                                                    amax_epsilon=plan.eps, inf_to_nan=True)
             if is_first_microbatch:
                 cache[plan.gemm0] = (wq, w_sinv)
         return xq, x_sinv, wq.view(G, N, K), w_sinv
-    b, spec, g0 = m._buffers, plan.spec, plan.gemm0
+    b, g0 = m._buffers, plan.gemm0
     m._ensure_history(spec.history_len)
     hist, scale, steps = b["fp8_amax_history"], b["fp8_scale"], b["fp8_steps"]
     plan.g_plans, plan.g_slots = ops.grouped_delayed_flush(
@@ -209,13 +243,13 @@ class GroupedFP8Function(torch.autograd.Function):
     casts dy per expert once and runs dgrad (grouped GEMM) and wgrad (grouped-K GEMM)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, fp8, plan: GroupedPlan):
+    def forward(ctx, x, bias, fp8, plan: GroupedPlan, as_list: bool, *weights):
         xq, x_sinv, wq, w_sinv, offs, pending = fp8
         y = ops.scaled_grouped_mm(xq, wq.transpose(1, 2), x_sinv, w_sinv, offs=offs, bias=bias,
                                   out_dtype=plan.out_dtype, scale_kind=0)
         ctx.save_for_backward(xq, x_sinv, wq, w_sinv, offs)
         ctx.plan, ctx.pending = plan, pending
-        ctx.x_dtype, ctx.w_dtype = x.dtype, weight.dtype
+        ctx.x_dtype, ctx.w_dtype, ctx.as_list = x.dtype, weights[0].dtype, as_list
         ctx.bias_dtype = None if bias is None else bias.dtype
         return y
 
@@ -228,7 +262,7 @@ class GroupedFP8Function(torch.autograd.Function):
                                       "implemented; run the experts outside fp8_autocast for it")
         plan.backward_done = True
         dy2 = dy if dy.dtype in _HP else dy.float()
-        want_db = ctx.bias_dtype is not None and ctx.needs_input_grad[2]
+        want_db = ctx.bias_dtype is not None and ctx.needs_input_grad[1]
         delayed = plan.delayed and plan.g_plans is not None
         gq, _, g_sinv, _, db = ops.grouped_grad_cast(
             dy2, offs, plan.dtypes[2], plans=plan.g_plans if delayed else None,
@@ -238,8 +272,9 @@ class GroupedFP8Function(torch.autograd.Function):
         dx = dw = None
         if ctx.needs_input_grad[0]:  # dx[rows of g] = dy[rows of g] W_g
             dx = ops.scaled_grouped_mm(gq, wq, g_sinv, w_sinv, offs=offs, out_dtype=ctx.x_dtype, scale_kind=0)
-        if ctx.needs_input_grad[1]:  # dW_g = dy[rows of g]^T x[rows of g]: the groups along K
+        if any(ctx.needs_input_grad[5:]):  # dW_g = dy[rows of g]^T x[rows of g]: the groups along K
             dw = ops.scaled_grouped_mm_k(gq.t(), xq, g_sinv, x_sinv, offs=offs, out_dtype=ctx.w_dtype)
         if db is not None:
             db = db.to(ctx.bias_dtype)
-        return dx, dw, db if want_db else None, None, None
+        dws = (None,) * len(ctx.needs_input_grad[5:]) if dw is None else tuple(dw.unbind(0)) if ctx.as_list else (dw,)
+        return (dx, db if want_db else None, None, None, None, *dws)

@@ -31,6 +31,7 @@ from .conv1d import Conv1D
 from .fp8_state import FP8_STATE_KEYS, FP8StateMixin
 from .fp8_weight import WeightScaling, enable_fp8_all_gather, gemm_weight_names
 from .hf_experts import ROUTER_REASON, HFExperts, experts_skip_reason, fp8_experts_class, is_hf_experts, router_linears
+from .layer_order import mark_layer_order
 from .linear import Linear
 
 __all__ = ["convert_model", "unconvert_model", "strip_fp8_state", "load_fp8_state", "ConversionReport"]
@@ -127,7 +128,9 @@ def convert_model(model: nn.Module, *, module_filter_fn: Optional[Callable[[nn.M
             wants anyway. Call :func:`fp8mix.distributed.precompute_fp8_scales_for_fsdp`
             after each optimizer step to compute every layer's scale in one all-reduce.
 
-    The modules converted and those left out (with the reason) are logged at INFO level and
+    Every fp8mix module of the model (converted here or built as one) is stamped with its
+    place in module order (:func:`fp8mix.mark_layer_order`: what NVFP4BlockScaling's
+    keep_last_layers_hp reads). The modules converted and those left out (with the reason) are logged at INFO level and
     kept in ``model.fp8_conversion`` (a list of names with ``.skipped``: {name: reason});
     Linear-like modules left out for a reason other than the filter warn, and so does a
     conversion that converts nothing.
@@ -172,6 +175,7 @@ def convert_model(model: nn.Module, *, module_filter_fn: Optional[Callable[[nn.M
         if layer_recipe is not None:
             m.fp8_recipe = layer_recipe
         report.append(name)
+    mark_layer_order(model)  # (NVFP4BlockScaling's last-layers rule reads it)
     if plan is not None:
         plan.apply(model)
     if all_gather:

@@ -61,8 +61,12 @@ class GroupedLinear(FP8StateMixin, nn.Module):
         self.fp8_gemms = num_gemms
         self.use_bias, self.return_bias, self.init_method = bias, return_bias, init_method
         kw = {"device": device, "dtype": params_dtype_of("GroupedLinear", params_dtype, dtype)}
+        # The experts' weights side by side in one buffer (each Parameter a view of its slice),
+        # so the grouped casts read them as one (G, out, in) tensor without a copy; after a
+        # move that separates them (.to(), FSDP), fp8mix.nn._grouped stacks them instead.
+        flat = torch.empty(num_gemms, out_features, in_features, **kw)
         for g in range(num_gemms):
-            self.register_parameter(f"weight{g}", nn.Parameter(torch.empty(out_features, in_features, **kw)))
+            self.register_parameter(f"weight{g}", nn.Parameter(flat[g]))
             self.register_parameter(f"bias{g}", nn.Parameter(torch.empty(out_features, **kw)) if bias else None)
         self._init_weights()
         self._init_fp8_state(self.weight0.device)
@@ -103,7 +107,7 @@ class GroupedLinear(FP8StateMixin, nn.Module):
             raise ValueError(f"fp8mix.GroupedLinear: inp has shape {tuple(inp.shape)}, expected "
                              f"(..., {self.in_features})")
         x2 = inp.reshape(-1, self.in_features)
-        weight = torch.stack(self.weights())
+        weight = self.weights()
         bias = None if (not self.use_bias or self.return_bias) else torch.stack(self.biases())
         y = grouped_linear_forward(self, x2, weight, bias, m_splits, is_first_microbatch=is_first_microbatch)
         y = y.reshape(*inp.shape[:-1], self.out_features)

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from ..context import as_bool, current_frame
 from ..ops import NormKind
-from ._forward import fp8_forward, frame_for
+from ._forward import fp8_forward, frame_for, needs_own_frame
 from ._tp import is_dtensor, norm_linear_tp_forward, te_parallel_norm
 from .fp8_state import FP8StateMixin
 from .fused_casts import has_fused_kernels, norm_input_cast
@@ -46,7 +46,7 @@ def fused_path(m, x: torch.Tensor) -> bool:
     if not has_fused_kernels(x.device):
         return False
     frame = current_frame()
-    if frame is not None and (not m.fp8_enabled or m.fp8_recipe is not None):
+    if frame is not None and needs_own_frame(m, frame):
         frame = frame_for(m, frame)
     return not (frame is not None and not frame.enabled and frame.calibrating)
 

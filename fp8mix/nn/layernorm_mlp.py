@@ -20,7 +20,9 @@ a * s and W2 / s, s per channel of the activation output a, powers of two (exact
 the batch's channel amaxes (fp8mix.nn.smooth; ``smooth_alpha`` 1.0 is the paper's, the
 default 0.5 splits the spread with W2). The activation is then computed by torch and cast
 by the separate cast (not the fused activation + cast kernel), and fc2's weight is re-cast
-every call. Outside fp8_autocast nothing changes.
+every call. Outside fp8_autocast nothing changes. The flag is the module's ``fp8_smooth``
+policy attribute (``smooth_swiglu`` reads and sets it), the one fp8mix.Linear has, so a
+precision plan (fp8mix.plan's outlier rule) can turn it on or off.
 """
 from __future__ import annotations
 
@@ -94,6 +96,7 @@ class LayerNormMLP(TECheckpointMixin, FP8StateMixin, _LayerNormMLPBase):
 
     fp8_gemms = 2
     fp8_min_features = 16
+    fp8_smooth = False  # policy attribute: Smooth-SwiGLU's smoothing of fc2's input (smooth_swiglu)
 
     def __init__(self, hidden_size: int, ffn_hidden_size: int, eps: float = 1e-5, bias: bool = True,
                  normalization: str = "LayerNorm", activation: str = "gelu", zero_centered_gamma: bool = False,
@@ -114,12 +117,21 @@ class LayerNormMLP(TECheckpointMixin, FP8StateMixin, _LayerNormMLPBase):
         super().__init__(hidden_size, ffn_hidden_size, fc1_out, spec, bias, (init_method, output_layer_init_method),
                          device, params_dtype_of(owner, params_dtype, dtype))
         self._act, self.activation = act, activation
-        self.smooth_swiglu, self.smooth_alpha = smooth_swiglu, alpha
+        self.fp8_smooth, self.smooth_alpha = smooth_swiglu, alpha
         self.return_layernorm_output, self.return_bias = return_layernorm_output, return_bias
         self.eps, self.normalization, self.zero_centered_gamma = float(eps), normalization, zero_centered_gamma
         self._gemm = 0
         self.reset_parameters()
         self._init_fp8_state(self.fc1_weight.device)
+
+    @property
+    def smooth_swiglu(self) -> bool:
+        """TE-style spelling of the ``fp8_smooth`` policy (per-channel smoothing of fc2's input)."""
+        return self.fp8_smooth
+
+    @smooth_swiglu.setter
+    def smooth_swiglu(self, on: bool) -> None:
+        self.fp8_smooth = as_bool("fp8mix.LayerNormMLP", "smooth_swiglu", on)
 
     @property
     def weight(self) -> torch.Tensor:
@@ -169,7 +181,7 @@ class LayerNormMLP(TECheckpointMixin, FP8StateMixin, _LayerNormMLPBase):
         act, bias = self._act, (None if self.return_bias else self.fc2_bias)
         F_ = self.ffn_hidden_size
         self._gemm = 1
-        if self.smooth_swiglu and current_frame() is not None:
+        if self.fp8_smooth and current_frame() is not None:
             a = act_hp(act, h)
             xs, ws, _ = smooth_operands(a, self.fc2_weight, self.smooth_alpha)
             return fp8_forward(self, xs, ws, bias, in_features=F_, out_features=self.hidden_size,

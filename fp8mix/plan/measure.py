@@ -26,10 +26,9 @@ import torch.nn as nn
 from .. import auto_format
 from ..context import fp8_autocast
 from ..formats import Format
-from ..nn.conv1d import Conv1D
 from ..nn.fp8_state import FP8_STATE_KEYS
-from ..nn.fp8_weight import FP8Weight
 from ..recipe import ROLES
+from .layers import channel_input, gemm_weights, hp_output
 from .plan import fp8_layers
 
 __all__ = ["Session", "sqnr_db", "LayerProbe"]
@@ -47,8 +46,9 @@ def sqnr_db(signal: float, noise: float) -> float:
 class LayerProbe:
     """Forward hooks on every layer of a configuration's run: the layer's own output error
     (its FP8 output against its high-precision forward on the *same* input, so upstream
-    layers' errors do not count), the rows it saw, and on the first batch Format.AUTO's
-    preferred format for its input, weight and grad_output under the layer's recipe."""
+    layers' errors do not count: fp8mix.plan.layers.hp_output), the rows it saw, and on the
+    first batch Format.AUTO's preferred format for its input, weights and grad_output under
+    the layer's recipe (E5M2 when any of its GEMMs' tensors wants it)."""
 
     def __init__(self, layers: dict, formats: bool, channels: Optional[Callable] = None):
         self.layers = layers
@@ -59,43 +59,61 @@ class LayerProbe:
         self.rows = {n: 0 for n in layers}
         self.formats: dict = {n: {} for n in layers} if formats else {}
         self.batch = 0
-        self.handles = [m.register_forward_hook(self._hook(n)) for n, m in layers.items()]
+        self._inside = False  # computing a layer's high-precision output: its own call is no sample
+        self.handles = [m.register_forward_hook(self._hook(n), with_kwargs=True) for n, m in layers.items()]
 
     def _hook(self, name: str):
-        def hook(m, args, out):
+        def hook(m, args, kwargs, out):
             x = args[0] if args else None
-            if not isinstance(x, torch.Tensor) or not isinstance(out, torch.Tensor):
+            if isinstance(out, (tuple, list)) and out:  # (out, bias) / (out, ln_out): the output is first
+                out = out[0]
+            if self._inside or not isinstance(x, torch.Tensor) or not isinstance(out, torch.Tensor):
+                return
+            self._inside = True
+            try:
+                with torch.no_grad():
+                    ref = hp_output(m, tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args), kwargs)
+            finally:
+                self._inside = False
+            if ref is None or ref.shape != out.shape:
                 return
             with torch.no_grad():
-                ref = m._hp_forward(x.detach()).float()
+                ref = ref.float()
                 self.energy[name][0] += float(ref.pow(2).sum())
                 self.energy[name][1] += float((out.detach().float() - ref).pow(2).sum())
             self.rows[name] += x.numel() // max(1, x.shape[-1])
-            w = getattr(m, "weight", None)
-            if (self.channel_fn is not None and self.batch == 0 and name not in self.channels and x.numel()
-                    and isinstance(w, torch.Tensor) and w.dim() == 2):
-                fixed = isinstance(w, FP8Weight)  # its bytes are what the GEMM uses
-                wv = w.dequantize() if fixed else w
-                if isinstance(m, Conv1D):  # Hugging Face's (in, out) weight: the channels are its rows
-                    wv = wv.t()
-                self.channels[name] = self.channel_fn(x.detach().reshape(-1, x.shape[-1]), wv, fixed_weight=fixed)
+            first = self.batch == 0 and x.numel() > 0
+            gemm_in = channel_input(m, x.detach()) if first and (self.channel_fn is not None or self.formats) \
+                else None
+            if self.channel_fn is not None and first and name not in self.channels and gemm_in is not None:
+                x2, w, fixed = gemm_in
+                with torch.no_grad():
+                    self.channels[name] = self.channel_fn(x2, w, fixed_weight=fixed)
             recipe = m.fp8_recipe
-            if self.formats and self.batch == 0 and recipe is not None and m.fp8_enabled:
-                x2 = x.detach().reshape(-1, x.shape[-1])
-                self._prefer(name, "input", x2, recipe)
-                self._prefer(name, "weight", m.weight.detach(), recipe)
+            if self.formats and first and recipe is not None and m.fp8_enabled:
+                x2 = gemm_in[0] if gemm_in is not None else x.detach().reshape(-1, x.shape[-1])
+                self._prefer(name, "input", [x2], recipe)
+                self._prefer(name, "weight", [w.detach() for w in gemm_weights(m)], recipe)
                 if out.requires_grad:
-                    out.register_hook(lambda g: self._prefer(name, "grad_output", g.reshape(-1, g.shape[-1]),
+                    out.register_hook(lambda g: self._prefer(name, "grad_output", [g.reshape(-1, g.shape[-1])],
                                                              recipe) and None)
         return hook
 
-    def _prefer(self, name: str, role: str, t: torch.Tensor, recipe) -> bool:
-        if role in self.formats[name] or t.numel() == 0:
+    def _prefer(self, name: str, role: str, tensors: list, recipe) -> bool:
+        """Format.AUTO's choice for `role` from its tensors (one per GEMM: E5M2 when any wants it)."""
+        if role in self.formats[name]:
             return False
-        t = t.float().contiguous() if t.dtype not in (torch.float32, torch.bfloat16, torch.float16) else t.contiguous()
-        fmt, reason = auto_format.evaluate(t, recipe.granularity(role), recipe.margin, recipe.power_2_scale,
-                                           recipe.auto.range_tolerance)
-        self.formats[name][role] = (fmt, reason)
+        picks = []
+        for t in tensors:
+            if t.numel() == 0:
+                continue
+            t = t.float().contiguous() if t.dtype not in (torch.float32, torch.bfloat16, torch.float16) \
+                else t.contiguous()
+            picks.append(auto_format.evaluate(t, recipe.granularity(role), recipe.margin, recipe.power_2_scale,
+                                              recipe.auto.range_tolerance))
+        if not picks:
+            return False
+        self.formats[name][role] = next((p for p in picks if p[0] is Format.E5M2), picks[0])
         return True
 
     def sqnr(self, name: str) -> float:

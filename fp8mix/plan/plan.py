@@ -23,7 +23,8 @@ JSON (``plan.save(path)`` / ``Plan.load(path)``), stable keys of version 1::
                  "candidate": label | null, "recipe": recipe | null, "formats": {role: "E4M3" | "E5M2"} | null,
                  "flops": float, "cost": float, "solo_increase": float, "keep_gain": float,
                  "output_sqnr_db": {label: float}, "grad_sqnr_db": {label: float}, "reason": str,
-                 "smooth": bool,                  per-channel smoothing of the input (fp8_smooth)
+                 "smooth": bool,                  per-channel smoothing of the input (fp8_smooth;
+                                                  LayerNormMLP: of fc2's, Smooth-SwiGLU)
                  "channel_spread": float,         input's max / median channel amax (first batch)
                  "outlier_channels": int}]}       input channels >= 100x the median (plan.outliers)
 
@@ -44,6 +45,7 @@ import torch.nn as nn
 from ..monitor.export import _json_safe as _safe  # the monitor's strict-JSON rule: non-finite floats as strings
 from ..nn.convert import convert_model
 from ..nn.fp8_state import FP8StateMixin
+from ..nn.layer_order import mark_layer_order
 from .recipes import recipe_from_json, recipe_to_json
 
 __all__ = ["Plan", "LayerPlan", "PLAN_FORMAT", "PLAN_VERSION", "fp8_layers"]
@@ -168,13 +170,15 @@ class Plan:
         if not layers:
             convert_model(model)
             layers = fp8_layers(model)
+        mark_layer_order(model)  # (the whole model's order: NVFP4's default rule for layers the plan leaves)
         missing = [lp.name for lp in self.layers if lp.name not in layers]
         if missing:
             raise ValueError(f"fp8mix.Plan.apply: the model has no fp8mix layer named {missing}; it has "
                              f"{sorted(layers)} (was the plan made for another model?)")
         bad = [lp.name for lp in self.layers if lp.smooth and not hasattr(type(layers[lp.name]), "fp8_smooth")]
         if bad:
-            raise ValueError(f"fp8mix.Plan.apply: the plan smooths {bad}, which have no fp8_smooth (not fp8mix.Linear)")
+            raise ValueError(f"fp8mix.Plan.apply: the plan smooths {bad}, which have no fp8_smooth "
+                             "(fp8mix.Linear and LayerNormMLP have it)")
         for lp in self.layers:
             m = layers[lp.name]
             m.fp8_enabled = lp.decision == "fp8"

@@ -34,7 +34,8 @@ def default_candidates() -> dict:
 
 def recipe_label(recipe) -> str:
     """A short human name: 'delayed HYBRID', 'block E4M3', ..."""
-    kind = {"DelayedScaling": "delayed", "CurrentScaling": "current", "BlockScaling": "block"}[type(recipe).__name__]
+    kind = {"DelayedScaling": "delayed", "CurrentScaling": "current", "BlockScaling": "block",
+            "RowwiseScaling": "rowwise", "MXFP8BlockScaling": "mx"}[type(recipe).__name__]
     return f"{kind} {recipe.fp8_format.name}"
 
 

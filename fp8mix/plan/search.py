@@ -30,6 +30,13 @@ for the search and H held out (default: the last third, at least one):
    the plan: the measured increase. Beyond the budget, the FP8 layer of highest cost (or
    lowest SQNR) goes back and the plan is measured again, up to ``max_repairs`` times.
 
+A "layer" is an fp8mix module, whatever its GEMMs (fp8mix.plan.layers): a LayerNormMLP is one
+layer with two GEMMs (its FLOPs both, its gradient SQNR over both weights), measured on its
+own output; its outlier rule reads fc2's input (the SwiGLU output) and its smoothing fix is
+Smooth-SwiGLU's (fp8_smooth, smooth_swiglu). A TransformerLayer is its LayerNormLinear,
+Linear and LayerNormMLP. The fused modules run no rowwise or MX recipe: those candidates
+and fixes are not tried on them (a layer no candidate runs on stays in high precision).
+
 Cost: B (2 + C + 2N) + H (2 + 2r) forward (B more when the SQNR rule keeps a layer) and
 B (1 + C) + H (2 + 2r) backward passes for N layers, C candidates and r repairs -- e.g. 4
 search and 2 held-out batches, 3 candidates and the 9 linear layers of a 2-block GPT: 96
@@ -51,11 +58,13 @@ import math
 import warnings
 from typing import Any, Callable, Optional
 
+import torch
 import torch.nn as nn
 
 from ..formats import Format
 from ..nn.convert import convert_model, unconvert_model
 from ..recipe import RECIPES, BlockScaling, MXFP8BlockScaling, RowwiseScaling
+from .layers import fixes_for, gemm_shapes, gemm_weights, min_features, runs_recipe, smoothable
 from .measure import LayerProbe, Session, formats_of, sqnr_db
 from .outliers import FIX_ORDER, GROUP_SQNR_LIMIT_DB, assess, option_key
 from .plan import LayerPlan, Plan, fp8_layers
@@ -116,13 +125,20 @@ class _Layer:
 
     @property
     def flops(self) -> float:
-        m: Any = self.module
-        return 6.0 * self.rows * int(m.in_features) * int(m.out_features)
+        return 6.0 * self.rows * sum(i * o for i, o in gemm_shapes(self.module))
 
     @property
     def tiny(self) -> bool:
         m: Any = self.module
-        return bool(min(int(m.in_features), int(m.out_features)) < int(m.fp8_min_features))
+        return bool(min_features(m) < int(m.fp8_min_features))
+
+
+def _weight_grads(m: nn.Module):
+    """m's GEMM weights' gradients, flattened into one float32 vector (None before a backward)."""
+    gs = [w.grad for w in gemm_weights(m)]
+    if not gs or any(g is None for g in gs):
+        return None
+    return torch.cat([g.detach().float().reshape(-1) for g in gs])
 
 
 def _grad_sqnr_hook(layers: dict, ref: dict, label: str):
@@ -130,11 +146,11 @@ def _grad_sqnr_hook(layers: dict, ref: dict, label: str):
         if i != 0:
             return
         for n, st in layers.items():
-            g = st.module.weight.grad
+            g = _weight_grads(st.module)
             if g is None or n not in ref:
                 continue
             r = ref[n]
-            st.grad_sqnr[label] = sqnr_db(float(r.pow(2).sum()), float((g.float() - r).pow(2).sum()))
+            st.grad_sqnr[label] = sqnr_db(float(r.pow(2).sum()), float((g - r).pow(2).sum()))
     return after
 
 
@@ -145,8 +161,7 @@ def _measure_candidates(s: Session, info: dict, candidates: dict) -> tuple:
 
     def keep_ref(i):
         if i == 0:
-            ref.update({n: st.module.weight.grad.detach().float().clone() for n, st in info.items()
-                        if st.module.weight.grad is not None})
+            ref.update({n: g for n, g in ((n, _weight_grads(st.module)) for n, st in info.items()) if g is not None})
     try:
         loss_hp = s.run({}, backward=True, probe=probe, after_backward=keep_ref)
     finally:
@@ -158,32 +173,44 @@ def _measure_candidates(s: Session, info: dict, candidates: dict) -> tuple:
     loss_all = {}
     for label, recipe in candidates.items():
         probe = LayerProbe(s.layers, formats=True)
+        able = [n for n in eligible if runs_recipe(info[n].module, recipe)]  # (fused modules: no rowwise / MX)
         try:
-            loss_all[label] = s.run({n: recipe for n in eligible}, backward=True, probe=probe,
-                                    after_backward=_grad_sqnr_hook(info, ref, label))
+            loss_all[label] = s.run({n: recipe for n in able}, backward=True, probe=probe,
+                                    after_backward=_grad_sqnr_hook({n: info[n] for n in able}, ref, label))
         finally:
             probe.remove()
-        for n in eligible:
+        for n in able:
             info[n].sqnr[label] = probe.sqnr(n)
             info[n].prefs[label] = probe.formats.get(n, {})
     return loss_hp, loss_all, eligible
 
 
-def _choose_recipes(info: dict, eligible: list, candidates: dict) -> None:
-    """Step 3: per layer the candidate of best output SQNR, with AUTO's formats."""
+def _choose_recipes(info: dict, eligible: list, candidates: dict) -> list:
+    """Step 3: per layer the candidate of best output SQNR, with AUTO's formats; returns the
+    layers no candidate runs on (they leave `eligible`, with the reason)."""
+    none = []
     for n in eligible:
         st = info[n]
+        runnable = [label for label, r in candidates.items() if runs_recipe(st.module, r)]
+        if not runnable:
+            st.reason = (f"no candidate recipe runs on {type(st.module).__name__} (its fused norm / activation casts "
+                         f"have no rowwise or MX layout): left in high precision")
+            none.append(n)
+            continue
         best = None
-        for label in candidates:
+        for label in runnable:
             v = st.sqnr.get(label, math.nan)
             if math.isnan(v):
                 continue
             if best is None or v > st.sqnr[best] + _TIE_DB:
                 best = label
-        best = best or next(iter(candidates))
+        best = best or runnable[0]
         fmt, formats = formats_of(st.prefs.get(best, {}), candidates[best])
         st.candidate, st.formats = best, formats
         st.recipe = dataclasses.replace(candidates[best], fp8_format=fmt)
+    for n in none:
+        eligible.remove(n)
+    return none
 
 
 _OPTION = {"tensor": "tensor", "row": "row", "block": "block", "mx": "mx"}  # Granularity value -> cast option
@@ -213,9 +240,10 @@ def _fix_outliers(info: dict, eligible: list, candidates: dict) -> None:
         else:
             head = (f"{rep.describe()}: its {opt} cast leaves {cur.text() if cur else 'no measurement'} "
                     f"(< {GROUP_SQNR_LIMIT_DB:g} dB)")
-        smoothable = hasattr(type(st.module), "fp8_smooth")
-        for fix in FIX_ORDER:
-            if (fix == "smooth" and not smoothable) or not rep.passes(fix):
+        can_smooth = smoothable(st.module)
+        fixes = fixes_for(st.module, FIX_ORDER)
+        for fix in fixes:
+            if not rep.passes(fix):
                 continue
             if fix == "smooth":  # the candidate as given: AUTO's format was chosen on the unsmoothed input
                 st.smooth = True
@@ -227,9 +255,8 @@ def _fix_outliers(info: dict, eligible: list, candidates: dict) -> None:
             st.outlier_note = f"{head}; {_FIX_LABELS[fix]} fixes it ({rep.loss[fix].text()})"
             break
         else:
-            tried = ", ".join(f"{f} {rep.loss[f].worst_group_db:.1f} dB" for f in FIX_ORDER
-                              if f in rep.loss and (smoothable or f != "smooth"))
-            if not smoothable and rep.passes("smooth"):
+            tried = ", ".join(f"{f} {rep.loss[f].worst_group_db:.1f} dB" for f in fixes if f in rep.loss)
+            if not can_smooth and rep.passes("smooth"):
                 tried += (f"; smoothing would give {rep.loss['smooth'].worst_group_db:.1f} dB but "
                           f"{type(st.module).__name__} has no fp8_smooth")
             st.outlier_keep = True

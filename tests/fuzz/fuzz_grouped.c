@@ -1,5 +1,6 @@
 /*
- * fuzz_grouped.c — libFuzzer target for fp8mix_gemm_grouped.
+ * fuzz_grouped.c — libFuzzer target for fp8mix_gemm_grouped, fp8mix_gemm_grouped_k
+ * and the grouped per-tensor casts (cast_grouped.c).
  *
  * The first input byte picks a mode:
  *   groups   arbitrary group counts and sizes (empty ones included), FP8 bytes
@@ -8,7 +9,14 @@
  *            fp8mix_gemm of that group alone, bit for bit (NaN for NaN);
  *   hostile  arbitrary offs (decreasing, negative, not ending at m), group counts
  *            and B strides: an error must leave the output untouched, and the
- *            call must fail exactly when the header says it does.
+ *            call must fail exactly when the header says it does;
+ *   k        groups along K (fp8mix_gemm_grouped_k): both A layouts, TENSOR /
+ *            OUTER scales, bias, output types, orders: each output equals
+ *            fp8mix_gemm of its K range alone, bit for bit;
+ *   casts    arbitrary float values (NaN, inf, subnormals) in row groups
+ *            (empty ones included): fp8mix_quantize_current_grouped and
+ *            fp8mix_cast_grad_grouped (plans, pending slots, column sums) give each
+ *            group exactly what the single-tensor entry point gives it alone.
  */
 #include "fuzz_common.h"
 #include "gemm_internal.h"
@@ -113,10 +121,125 @@ static void mode_hostile(fz *f)
     }
 }
 
+
+static void mode_k(fz *f)
+{
+    int64_t groups = fz_below(f, MAXG + 1), m = 1 + fz_below(f, 12), n = 1 + fz_below(f, 20);
+    int64_t offs[MAXG], k = 0;
+    for (int64_t g = 0; g < groups; g++) offs[g] = (k += fz_below(f, 4) ? fz_below(f, 40) : 0);
+    fp8mix_mm_scale kind = (fp8mix_mm_scale)fz_below(f, 2);
+    fp8mix_a_layout al = (fp8mix_a_layout)fz_below(f, 2);
+    fp8mix_dtype ot = (fp8mix_dtype)fz_below(f, 3);
+    int with_bias = fz_bool(f);
+    uint8_t *a = (uint8_t *)xmalloc((size_t)(m * k) + 1, 0), *b = (uint8_t *)xmalloc((size_t)(k * n) + 1, 0);
+    for (int64_t i = 0; i < m * k; i++) a[i] = fz_u8(f);
+    for (int64_t i = 0; i < k * n; i++) b[i] = fz_u8(f);
+    int64_t pa = kind == FP8MIX_MM_SCALE_OUTER ? m : 1, pb = kind == FP8MIX_MM_SCALE_OUTER ? n : 1;
+    float *sa = (float *)xmalloc((size_t)(groups * pa + 1) * 4, 0), *sb = (float *)xmalloc((size_t)(groups * pb + 1) * 4, 0);
+    for (int64_t i = 0; i < groups * pa; i++) sa[i] = ldexpf(1.0f, (int)fz_below(f, 16) - 8);
+    for (int64_t i = 0; i < groups * pb; i++) sb[i] = ldexpf(1.0f + (float)fz_below(f, 4) / 4, (int)fz_below(f, 16) - 8);
+    float *bias = (float *)xmalloc((size_t)(groups * n + 1) * 4, 0);
+    for (int64_t i = 0; i < groups * n; i++) bias[i] = fz_float(f);
+    size_t osz = ot == FP8MIX_F32 ? 4 : 2;
+    uint8_t *out = (uint8_t *)xmalloc((size_t)(groups * m * n) * osz + 1, 0);
+    uint8_t *one = (uint8_t *)xmalloc((size_t)(m * n) * osz + 1, 0);
+    fp8mix_gemm_args G;
+    memset(&G, 0, sizeof G);
+    G.m = m; G.n = n; G.k = k; G.a = a; G.fmt_a = (fp8mix_format)fz_below(f, 2); G.a_layout = al;
+    G.lda = al == FP8MIX_A_MK ? (k ? k : 1) : m;
+    G.b = b; G.fmt_b = (fp8mix_format)fz_below(f, 2); G.ldb = n; G.b_layout = FP8MIX_B_KN;
+    G.scale_a = sa; G.scale_a_kind = kind; G.scale_b = sb; G.scale_b_kind = kind;
+    G.bias = with_bias ? bias : NULL; G.bias_t = FP8MIX_F32; G.out = out; G.out_t = ot; G.ldo = n;
+    G.order = (fp8mix_gemm_order)fz_below(f, 2);
+    fp8mix_set_num_threads(1 + (int)fz_below(f, 2));
+    fp8mix_status st = fp8mix_gemm_grouped_k(&G, groups, offs, m * n);
+    FUZZ_CHECK(st == FP8MIX_OK, "grouped-K status %d", st);
+    int64_t k0 = 0;
+    for (int64_t g = 0; g < groups; g++) {
+        fp8mix_gemm_args A = G;
+        A.k = offs[g] - k0;
+        A.a = al == FP8MIX_A_MK ? a + k0 : a + k0 * m;
+        A.b = b + k0 * n;
+        if (A.k == 0 && al == FP8MIX_A_MK) A.lda = k ? k : 1;
+        A.scale_a = sa + g * pa; A.scale_b = sb + g * pb;
+        A.bias = with_bias ? bias + g * n : NULL;
+        A.out = one;
+        FUZZ_CHECK(fp8mix_gemm(&A) == FP8MIX_OK, "single gemm");
+        FUZZ_CHECK(same_bits(one, out + (size_t)(g * m * n) * osz, (size_t)(m * n) * osz, ot == FP8MIX_F32),
+                   "K group %lld of %lld (k %lld, kind %d, layout %d) differs from its single GEMM", (long long)g,
+                   (long long)groups, (long long)A.k, kind, al);
+        k0 = offs[g];
+    }
+    fp8mix_set_num_threads(1);
+    free(a); free(b); free(sa); free(sb); free(bias); free(out); free(one);
+}
+
+static void mode_casts(fz *f)
+{
+    int64_t groups = fz_below(f, MAXG + 1), cols = 1 + fz_below(f, 40);
+    int64_t offs[MAXG], rows = 0;
+    for (int64_t g = 0; g < groups; g++) offs[g] = (rows += fz_below(f, 4) ? fz_below(f, 9) : 0);
+    float *x = (float *)xmalloc((size_t)(rows * cols + 1) * 4, 0);
+    for (int64_t i = 0; i < rows * cols; i++) x[i] = fz_float(f);
+    fp8mix_cast_opts o;
+    memset(&o, 0, sizeof o);
+    o.fmt = (fp8mix_format)fz_below(f, 2);
+    o.saturate = fz_bool(f);
+    o.inf_to_nan = fz_bool(f);
+    int margin = (int)fz_below(f, 3), pow2 = fz_bool(f);
+    size_t nq = (size_t)(rows * cols) + 1;
+    uint8_t *q = (uint8_t *)xmalloc(nq, 0), *qt = (uint8_t *)xmalloc(nq, 0), *q1 = (uint8_t *)xmalloc(nq, 0);
+    uint8_t *qt1 = (uint8_t *)xmalloc(nq, 0);
+    float sinv[MAXG], amax[MAXG], plans[2 * MAXG], pend[MAXG * 4], cs[MAXG * 40];
+    int64_t slots[MAXG];
+    for (int64_t g = 0; g < groups; g++) {
+        plans[2 * g] = ldexpf(1.0f, (int)fz_below(f, 20) - 10);
+        plans[2 * g + 1] = (float)fz_bool(f);
+        slots[g] = fz_below(f, 4);
+    }
+    for (int i = 0; i < MAXG * 4; i++) pend[i] = -1.0f;
+    int grad = fz_bool(f);
+    fp8mix_status st = grad
+        ? fp8mix_cast_grad_grouped(x, FP8MIX_F32, rows, cols, cols, groups, offs, q, cols, qt, rows ? rows : 1,
+                                   plans, margin, pow2, 0.0f, pend, 4, slots, &o, sinv, amax, cs)
+        : fp8mix_quantize_current_grouped(x, FP8MIX_F32, rows, cols, cols, groups, offs, margin, pow2, 0.0f, q, cols,
+                                          qt, rows ? rows : 1, sinv, amax, &o);
+    FUZZ_CHECK(st == FP8MIX_OK, "grouped cast status %d", st);
+    int64_t r0 = 0;
+    for (int64_t g = 0; g < groups; g++) {
+        int64_t m = offs[g] - r0;
+        if (m) {
+            float s1, a1, p1 = -1.0f, c1[40];
+            fp8mix_status s2 = grad
+                ? fp8mix_cast_grad(x + r0 * cols, FP8MIX_F32, m, cols, cols, q1, cols, qt1, m, plans + 2 * g, margin,
+                                   pow2, 0.0f, &p1, &o, &s1, &a1, c1)
+                : fp8mix_quantize_current(x + r0 * cols, FP8MIX_F32, m, cols, cols, FP8MIX_GRAN_TENSOR, margin, pow2,
+                                          0.0f, q1, cols, qt1, m, &s1, &a1, &o);
+            FUZZ_CHECK(s2 == FP8MIX_OK, "single cast status %d", s2);
+            FUZZ_CHECK(!memcmp(q1, q + r0 * cols, (size_t)(m * cols)), "group %lld's bytes", (long long)g);
+            for (int64_t j = 0; j < cols; j++)
+                FUZZ_CHECK(!memcmp(qt1 + j * m, qt + j * rows + r0, (size_t)m), "group %lld's transposed bytes",
+                           (long long)g);
+            FUZZ_CHECK(fbits(s1) == fbits(sinv[g]) && same_bits(&a1, &amax[g], 4, 1), "group %lld's scale / amax",
+                       (long long)g);
+            if (grad) {
+                FUZZ_CHECK(same_bits(&p1, &pend[g * 4 + slots[g]], 4, 1), "group %lld's pending amax", (long long)g);
+                FUZZ_CHECK(same_bits(c1, cs + g * cols, (size_t)cols * 4, 1), "group %lld's column sums", (long long)g);
+            }
+        }
+        r0 = offs[g];
+    }
+    free(x); free(q); free(qt); free(q1); free(qt1);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     fz f = {data, size, 0};
-    if (fz_u8(&f) & 1) mode_hostile(&f);
-    else mode_groups(&f);
+    switch (fz_u8(&f) & 3) {
+    case 0: mode_groups(&f); break;
+    case 1: mode_hostile(&f); break;
+    case 2: mode_k(&f); break;
+    default: mode_casts(&f); break;
+    }
     return 0;
 }
