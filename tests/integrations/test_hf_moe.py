@@ -406,3 +406,27 @@ def test_gradient_checkpointing_gives_the_same_fp8_steps():
     sa, sb = base.state_dict(), ckpt.state_dict()
     for k in sa:
         assert torch.equal(sa[k], sb[k]), k
+
+
+@needs_fp8_grouped
+def test_evaluation_in_fp8_leaves_the_experts_fp8_state_alone():
+    model = fp8mix.convert_model(_model("qwen3_moe", seed=14))
+    _train(model, _text_batches(2, seed=7), DelayedScaling())
+    before = {k: v.clone() for k, v in model.state_dict().items() if ".fp8_" in k}
+    model.eval()
+    with torch.no_grad(), fp8mix.fp8_autocast(fp8_recipe=DelayedScaling()):
+        logits = model(input_ids=_ids(8)).logits
+    assert torch.isfinite(logits).all()
+    after = model.state_dict()
+    assert any(".experts.fp8_" in k for k in before)
+    for k, v in before.items():
+        assert torch.equal(v, after[k]), k
+
+
+@needs_fp8_grouped
+def test_a_recipe_the_grouped_gemms_lack_raises_naming_the_experts():
+    from fp8mix.recipe import BlockScaling
+    model = fp8mix.convert_model(_model("mixtral", seed=15), module_filter_fn=lambda m, fqn: "experts" in fqn)
+    with pytest.raises(NotImplementedError, match=r"FP8MixtralExperts.*BlockScaling"):
+        with fp8mix.fp8_autocast(fp8_recipe=BlockScaling()):
+            model(input_ids=_ids(9))
