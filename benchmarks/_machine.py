@@ -152,3 +152,33 @@ def bench_interleaved(fns: Sequence[Callable[[], object]], budget_s: float = 0.6
 def verdict(ok: bool) -> str:
     """PASS / FAIL for a table cell."""
     return "PASS" if ok else "FAIL"
+
+
+def table_main(doc: str, argv, *, columns: Sequence[str], shapes: Callable[[bool], list],
+               row: Callable[..., Tuple[str, bool]], budgets: Tuple[float, float] = (1.0, 3.0),
+               extra: str = "") -> int:
+    """main() of a benchmark that prints one table row per shape: ``--quick`` / ``--threads``,
+    the machine's header (plus `extra` lines), the table of ``row(*shape, budget=, wide=) ->
+    (line, ok)`` (budget: budgets[0] with --quick, else budgets[1]; wide: the CPU has
+    AVX-512 BF16), the overall verdict; returns the exit status (0: PASS)."""
+    import argparse
+
+    import torch
+
+    import fp8mix
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="smaller shapes, shorter timing")
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    isa = fp8mix.cpu_isa()
+    print("\n".join(header_lines(isa)) + f"\n- threads: {args.threads}\n{extra}")
+    print("| " + " | ".join(columns) + " |")
+    print("|---" * len(columns) + "|")
+    ok = True
+    for shape in shapes(args.quick):
+        line, good = row(*shape, budget=budgets[0] if args.quick else budgets[1], wide=isa in ("avx512bf16", "amx"))
+        print(line, flush=True)
+        ok &= good
+    print(f"\noverall: {verdict(ok)}")
+    return 0 if ok else 1

@@ -12,7 +12,6 @@ on CPUs with AVX-512 BF16 (issue #30's Linear target; reported, not judged, else
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -20,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from _machine import bench_interleaved, header_lines, verdict  # noqa: E402
+from _machine import bench_interleaved, table_main, verdict  # noqa: E402
 
 import fp8mix  # noqa: E402
 from fp8mix.recipe import DelayedScaling, Float8CurrentScaling  # noqa: E402
@@ -70,27 +69,13 @@ def row(experts: int, hidden: int, out: int, tokens: int, budget: float, wide: b
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="smaller shapes, shorter timing")
-    p.add_argument("--threads", type=int, default=1)
-    args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    isa = fp8mix.cpu_isa()
-    wide = isa in ("avx512bf16", "amx")
-    print("\n".join(header_lines(isa)) + f"\n- threads: {args.threads}\n")
-    shapes = ([(8, 256, 512, 256), (32, 128, 256, 256)] if args.quick
-              else [(8, 512, 1024, 1024), (8, 1024, 2048, 512), (32, 256, 512, 1024), (64, 128, 256, 512)])
-    print("| expert layer (tokens routed top-2) | nn.Linear loop f32 ms | nn loop bf16 autocast | fp8mix.Linear loop "
-          "(delayed) | GroupedLinear delayed | GroupedLinear current | grouped / loop (<= 1.0x) | "
-          "grouped <= 0.8x f32 |")
-    print("|---|---:|---:|---:|---:|---:|---|---|")
-    ok = True
-    for e, h, o, t in shapes:
-        line, good = row(e, h, o, t, budget=1.0 if args.quick else 3.0, wide=wide)
-        print(line, flush=True)
-        ok &= good
-    print(f"\noverall: {verdict(ok)}")
-    return 0 if ok else 1
+    return table_main(__doc__, argv, budgets=(1.0, 3.0),
+                      columns=["expert layer (tokens routed top-2)", "nn.Linear loop f32 ms", "nn loop bf16 autocast",
+                               "fp8mix.Linear loop (delayed)", "GroupedLinear delayed", "GroupedLinear current",
+                               "grouped / loop (<= 1.0x)", "grouped <= 0.8x f32"],
+                      shapes=lambda quick: [(8, 256, 512, 256), (32, 128, 256, 256)] if quick else
+                      [(8, 512, 1024, 1024), (8, 1024, 2048, 512), (32, 256, 512, 1024), (64, 128, 256, 512)],
+                      row=row)
 
 
 if __name__ == "__main__":

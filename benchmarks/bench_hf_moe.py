@@ -13,7 +13,6 @@ on CPUs with AVX-512 BF16 (issue #30's Linear target; reported, not judged, else
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import os
 import sys
@@ -23,7 +22,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
-from _machine import bench_interleaved, header_lines, verdict  # noqa: E402
+from _machine import bench_interleaved, table_main, verdict  # noqa: E402
 
 import fp8mix  # noqa: E402
 from fp8mix.recipe import DelayedScaling, Float8CurrentScaling  # noqa: E402
@@ -76,26 +75,12 @@ def row(experts: int, hidden: int, inter: int, tokens: int, budget: float, wide:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="smaller shapes, shorter timing")
-    p.add_argument("--threads", type=int, default=1)
-    args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    isa = fp8mix.cpu_isa()
-    wide = isa in ("avx512bf16", "amx")
-    print("\n".join(header_lines(isa)) + f"\n- threads: {args.threads}\n- transformers {transformers.__version__}\n")
-    shapes = ([(8, 256, 512, 256)] if args.quick
-              else [(8, 512, 1024, 512), (8, 1024, 2048, 256), (32, 256, 512, 1024)])
-    print("| experts (top-2) | HF eager f32 ms | HF grouped_mm f32 | fp8mix outside autocast (<= 1.2x eager) | "
-          "fp8mix FP8 delayed | fp8mix FP8 current | FP8 delayed / grouped_mm (<= 0.8x) |")
-    print("|---|---:|---:|---|---:|---:|---|")
-    ok = True
-    for e, h, i, t in shapes:
-        line, good = row(e, h, i, t, budget=2.0 if args.quick else 10.0, wide=wide)
-        print(line, flush=True)
-        ok &= good
-    print(f"\noverall: {verdict(ok)}")
-    return 0 if ok else 1
+    return table_main(__doc__, argv, budgets=(2.0, 10.0), extra=f"- transformers {transformers.__version__}\n",
+                      columns=["experts (top-2)", "HF eager f32 ms", "HF grouped_mm f32",
+                               "fp8mix outside autocast (<= 1.2x eager)", "fp8mix FP8 delayed", "fp8mix FP8 current",
+                               "FP8 delayed / grouped_mm (<= 0.8x)"],
+                      shapes=lambda quick: [(8, 256, 512, 256)] if quick else
+                      [(8, 512, 1024, 512), (8, 1024, 2048, 256), (32, 256, 512, 1024)], row=row)
 
 
 if __name__ == "__main__":
