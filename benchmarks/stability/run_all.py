@@ -39,6 +39,7 @@ EXPERIMENTS = {
     10: "exp10_plan",
     11: "exp11_guard",
     12: "exp12_recipes",
+    13: "exp13_moe",
 }
 DOC = os.path.join(C.DOCS, "stability.md")
 START, END = "<!-- exp{} start -->", "<!-- exp{} end -->"
