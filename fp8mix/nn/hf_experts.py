@@ -29,12 +29,11 @@ The router stays in high precision (small, and its logits choose the experts: Tr
 Engine and torchao leave it out too): in the stacked-3-D models it is no nn.Linear (a bare
 Parameter and F.linear), so nothing converts it; where it is one (SwitchTransformers,
 NLLB-MoE, DBRX, JetMoE, AFMoE, HunYuan-MoE, LongCat-Flash: an nn.Linear child of a
-transformers ``*Router`` / ``*Gate`` / ``*Gating`` module) :func:`router_linears` names it
-and convert_model leaves it out.
+transformers ``*Router`` / ``*Gating`` module, or of a ``*Gate`` one with num_experts
+outputs) :func:`router_linears` names it and convert_model leaves it out.
 """
 from __future__ import annotations
 
-import re
 from typing import Optional
 
 import torch
@@ -46,7 +45,6 @@ from .fp8_state import FP8StateMixin
 __all__ = ["HFExperts", "experts_skip_reason", "is_hf_experts", "fp8_experts_class", "router_linears", "ROUTER_REASON"]
 
 ROUTER_REASON = "the router of a mixture-of-experts block: kept in high precision"
-_ROUTER_CLASS = re.compile(r"(Router|Gate|Gating)$")
 
 _DEFAULT_GATE = ("transformers.integrations.moe", "_default_apply_gate")
 
@@ -83,15 +81,21 @@ def experts_skip_reason(m: nn.Module) -> Optional[str]:
 
 def router_linears(model: nn.Module) -> dict:
     """{id(linear): reason} for the nn.Linear routers of Hugging Face MoE blocks in `model`:
-    the nn.Linear children of a transformers module whose class name ends in Router, Gate
-    or Gating."""
+    the nn.Linear children of a transformers module whose class name ends in Router or
+    Gating, and of one ending in Gate that has ``num_experts`` outputs (HunYuan-MoE's; a
+    linear-attention ForgetGate or a detector's Gate is no router)."""
     out = {}
     for m in model.modules():
         t = type(m)
-        if t.__module__.startswith("transformers") and _ROUTER_CLASS.search(t.__name__):
-            for child in m.children():
-                if isinstance(child, nn.Linear):
-                    out[id(child)] = f"{ROUTER_REASON} ({t.__qualname__})"
+        if not t.__module__.startswith("transformers"):
+            continue
+        router = t.__name__.endswith(("Router", "Gating"))
+        experts = getattr(m, "num_experts", None)
+        if not router and not (t.__name__.endswith("Gate") and isinstance(experts, int)):
+            continue
+        for child in m.children():
+            if isinstance(child, nn.Linear) and (router or child.out_features == experts):
+                out[id(child)] = f"{ROUTER_REASON} ({t.__qualname__})"
     return out
 
 
