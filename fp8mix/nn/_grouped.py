@@ -78,7 +78,10 @@ def _as_block(weights: Sequence[torch.Tensor]) -> torch.Tensor:
 def _hp_forward(x: torch.Tensor, weight, bias: Optional[torch.Tensor], splits: list) -> torch.Tensor:
     """Each group's rows through F.linear (bit for bit nn.Linear per expert)."""
     parts = torch.split(x, splits)
-    ys = [F.linear(p, weight[g], None if bias is None else bias[g]) for g, p in enumerate(parts)]
+    # (unbind, not weight[g]: each index's backward would fill a whole (G, N, K) gradient)
+    ws = weight.unbind(0) if isinstance(weight, torch.Tensor) else weight
+    bs = bias.unbind(0) if bias is not None else [None] * len(parts)
+    ys = [F.linear(p, ws[g], bs[g]) for g, p in enumerate(parts)]
     return torch.cat(ys)  # (G >= 1: never empty)
 
 

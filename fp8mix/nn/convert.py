@@ -30,6 +30,7 @@ from ..recipe import RECIPES, CurrentScaling, from_config
 from .conv1d import Conv1D
 from .fp8_state import FP8_STATE_KEYS, FP8StateMixin
 from .fp8_weight import WeightScaling, enable_fp8_all_gather, gemm_weight_names
+from .grouped_linear import GroupedLinear
 from .hf_experts import ROUTER_REASON, HFExperts, experts_skip_reason, fp8_experts_class, is_hf_experts, router_linears
 from .layer_order import mark_layer_order
 from .linear import Linear
@@ -232,8 +233,8 @@ def _fp8_all_gather(model: nn.Module, recipe, report: ConversionReport) -> None:
         if not isinstance(m, FP8StateMixin):
             continue
         name = fqn or type(model).__name__
-        if isinstance(m, HFExperts):
-            report.fp8_all_gather_skipped[name] = "stacked expert weights: the FP8 all-gather is not built for them " \
+        if isinstance(m, HFExperts) or isinstance(m, GroupedLinear):
+            report.fp8_all_gather_skipped[name] = "expert weights: the FP8 all-gather is not built for them " \
                                                   "(all-gathered in high precision)"
             continue
         weights: list = [m._parameters[n] for n in gemm_weight_names(m)]

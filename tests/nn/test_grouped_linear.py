@@ -281,3 +281,12 @@ def test_weights_apart_and_a_stacked_3d_parameter_give_the_same_bits():
     y_apart.square().sum().backward()
     for g in range(G):
         assert torch.equal(w3.grad[g], getattr(gl, f"weight{g}").grad), g
+
+
+def test_convert_model_leaves_grouped_linear_weights_out_of_the_fp8_all_gather():
+    model = torch.nn.Sequential(fp8mix.GroupedLinear(G, K, N), torch.nn.Linear(N, 32))
+    model.forward = lambda x: x  # (never run: only the conversion report is read)
+    fp8mix.convert_model(model, fsdp_fp8_all_gather=True)
+    report = model.fp8_conversion
+    assert "expert weights" in report.fp8_all_gather_skipped["0"]
+    assert "1" in report.fp8_all_gather
