@@ -146,6 +146,36 @@ def _run_mismatch(rank, _recipe_name):
     return {"trained": True}
 
 
+def _run_grouped(rank, _recipe_name):
+    """fp8mix.GroupedLinear under DDP: the default DelayedScaling (amaxes all-reduced) is a
+    clear NotImplementedError on every rank; with reduce_amax=False it trains, each rank
+    scaling from its own tokens, the weights identical across ranks."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import fp8mix
+    from fp8mix.recipe import DelayedScaling
+    torch.manual_seed(0)
+    ddp = DDP(fp8mix.GroupedLinear(4, 32, 32))
+    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
+    gen = torch.Generator().manual_seed(100 + rank)
+    splits = [5, 0, 7 + rank, 3]
+    out = {"initial": [w.detach().clone() for w in ddp.module.weights()]}
+    try:
+        with fp8mix.fp8_autocast(fp8_recipe=DelayedScaling()):
+            ddp(torch.randn(sum(splits), 32, generator=gen), splits)
+    except NotImplementedError as e:
+        out["default_error"] = str(e)
+    for _ in range(3):
+        with fp8mix.fp8_autocast(fp8_recipe=DelayedScaling(reduce_amax=False)):
+            loss = ddp(torch.randn(sum(splits), 32, generator=gen), splits).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    out["weights"] = [w.detach().clone() for w in ddp.module.weights()]
+    out["steps"] = ddp.module.fp8_steps.clone()
+    return out
+
+
 def _worker(rank, port, out_dir):
     import datetime
     import traceback
@@ -156,7 +186,8 @@ def _worker(rank, port, out_dir):
     dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=20))
     results = {}
     for name, fn, rec in (("ddp_delayed", _run_ddp, "delayed"), ("ddp_current", _run_ddp, "current"),
-                          ("fsdp2_delayed", _run_fsdp2, "delayed"), ("mismatch", _run_mismatch, "")):
+                          ("fsdp2_delayed", _run_fsdp2, "delayed"), ("grouped", _run_grouped, ""),
+                          ("mismatch", _run_mismatch, "")):
         t0 = time.time()
         try:
             results[name] = fn(rank, rec)
@@ -224,6 +255,16 @@ def test_recipes_differing_across_ranks_are_a_clear_error(runs):
         assert err.startswith("ValueError: fp8mix.Linear"), (r, err[:300])
         assert "run different FP8 recipes" in err and f"ranks [{1 - r}] differ" in err, (r, err[:300])
         assert ("DelayedScaling" if r == 0 else "CurrentScaling") in err.splitlines()[0]
+
+
+def test_grouped_linear_under_ddp(runs):
+    got = _get(runs, "grouped")
+    for r in got:
+        assert "reduce_amax=False" in r["default_error"] and "grouped GEMMs" in r["default_error"]
+    for a, b in zip(got[0]["weights"], got[1]["weights"]):
+        assert torch.equal(a, b)  # DDP's averaged gradients: the same weights on every rank
+    assert not torch.equal(got[0]["weights"][0], got[0]["initial"][0])  # (they trained)
+    assert int(got[0]["steps"][0]) == 3 and int(got[1]["steps"][0]) == 3
 
 
 def _single_process(recipe_name):
