@@ -90,8 +90,70 @@ void fp8mix_gemm_ukernel_bf16_14x32__avx512bf16(int64_t kc, const void *ap,
     ukernel_bf16_14x32(kc, ap, bp, c, ldc, load_c, rs, NULL);
 }
 
-/* MX scales over a whole K step (gemm_internal.h's fp8mix_gemm_ukernel_mx_fn): one
- * kernel pass per 32-deep block, its part scaled and added into C from registers. */
+/* MX over a whole K step for 7 of the tile's 14 rows (a: the packed panel at the
+ * first of them, pairs still 14 words apart; sa: their scales, 14 per block): the
+ * 7 x 32 outputs stay in 14 registers for the whole step and each 32-deep block's
+ * part in 14 more, so C is loaded and stored once per K step rather than once per
+ * block (the C rows, 4 KiB multiples apart, miss L1).  Per block:
+ *   part = +0 + products;  acc = acc + part * (sa[r] * sb[c])
+ * (the scale product, the multiply and the add each rounded: three instructions,
+ * no FMA; the operands in the order of the 14-row kernel's block store). */
+static inline __attribute__((always_inline)) void
+mx_half_bf16_7x32(int64_t kc, const unsigned char *a, const unsigned char *b, float *c, int64_t ldc, int load_c,
+                  const float *sa, const float *sb)
+{
+#define ROWS7(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6)
+#define DECL(r)                                                                        \
+    __m512 o##r##0 = load_c ? _mm512_loadu_ps(c + r * ldc) : _mm512_setzero_ps();     \
+    __m512 o##r##1 = load_c ? _mm512_loadu_ps(c + r * ldc + 16) : _mm512_setzero_ps();
+    ROWS7(DECL)
+#undef DECL
+    for (int64_t k0 = 0; k0 < kc; k0 += 32, sa += 14, sb += 32) {
+        const int64_t np = (kc - k0 < 32 ? kc - k0 : 32) / 2; /* pairs: kc is even */
+#define ZERO(r) __m512 p##r##0 = _mm512_setzero_ps(), p##r##1 = _mm512_setzero_ps();
+        ROWS7(ZERO)
+#undef ZERO
+#define STEP(r, u)                                              \
+    {                                                           \
+        __m512bh av = bcast_pair(a + 56 * (u) + 4 * (r));       \
+        p##r##0 = _mm512_dpbf16_ps(p##r##0, av, b0);            \
+        p##r##1 = _mm512_dpbf16_ps(p##r##1, av, b1);            \
+    }
+#define KSTEP(u)                                                                        \
+    {                                                                                   \
+        __m512bh b0 = (__m512bh)_mm512_loadu_si512((const void *)(b + 128 * (u)));      \
+        __m512bh b1 = (__m512bh)_mm512_loadu_si512((const void *)(b + 128 * (u) + 64)); \
+        STEP(0, u) STEP(1, u) STEP(2, u) STEP(3, u) STEP(4, u) STEP(5, u) STEP(6, u)    \
+    }
+        int64_t t = 0;
+        for (; t + 2 <= np; t += 2, a += 2 * 56, b += 2 * 128) {
+            KSTEP(0) __asm__ volatile("" ::: "memory");
+            KSTEP(1) __asm__ volatile("" ::: "memory");
+        }
+        for (; t < np; t++, a += 56, b += 128) KSTEP(0)
+#undef KSTEP
+#undef STEP
+#define SCALE(r)                                                                                        \
+    {                                                                                                   \
+        __m512 s = _mm512_set1_ps(sa[r]);                                                               \
+        __m512 s0 = _mm512_mul_ps(s, _mm512_loadu_ps(sb)), s1 = _mm512_mul_ps(s, _mm512_loadu_ps(sb + 16)); \
+        o##r##0 = _mm512_add_ps(o##r##0, _mm512_mul_ps(p##r##0, s0));                                   \
+        o##r##1 = _mm512_add_ps(o##r##1, _mm512_mul_ps(p##r##1, s1));                                   \
+    }
+        ROWS7(SCALE)
+#undef SCALE
+    }
+#define STORE(r)                                  \
+    _mm512_storeu_ps(c + r * ldc, o##r##0);       \
+    _mm512_storeu_ps(c + r * ldc + 16, o##r##1);
+    ROWS7(STORE)
+#undef STORE
+#undef ROWS7
+}
+
+/* MX scales over a whole K step (gemm_internal.h's fp8mix_gemm_ukernel_mx_fn): the
+ * tile as two 7-row halves, each with its outputs in registers across the blocks
+ * (mx_half_bf16_7x32; the B sliver is read twice, from L1). */
 void fp8mix_gemm_ukernel_mx_bf16_14x32__avx512bf16(int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc,
                                                    int load_c, const float *sa, const float *sb)
 {
@@ -100,11 +162,8 @@ void fp8mix_gemm_ukernel_mx_bf16_14x32__avx512bf16(int64_t kc, const void *ap, c
         _mm_prefetch((const char *)(c + (14 + r) * ldc), _MM_HINT_T1);
         _mm_prefetch((const char *)(c + (14 + r) * ldc + 31), _MM_HINT_T1);
     }
-    for (int64_t q = 0; q * 32 < kc; q++) { /* a block: 16 pairs of 14 A and 32 B words, 4 bytes each */
-        int64_t kk = kc - q * 32 < 32 ? kc - q * 32 : 32; /* even: kc is */
-        ukernel_bf16_14x32(kk, a + q * 16 * 14 * 4, b + q * 16 * 32 * 4, c, ldc, load_c || q > 0, sa + q * 14,
-                           sb + q * 32);
-    }
+    mx_half_bf16_7x32(kc, a, b, c, ldc, load_c, sa, sb);
+    mx_half_bf16_7x32(kc, a + 7 * 4, b, c + 7 * ldc, ldc, load_c, sa + 7, sb);
 }
 #elif FP8MIX_X86
 /* Built without AVX512_BF16 support: never selected. */
