@@ -2,24 +2,26 @@
  * gemm_avx512.c — AVX-512 float32 GEMM microkernel, 14 x 32 tile (28 zmm
  * accumulators, A broadcast from the packed panel).  Packed panels and the
  * summation order are defined in gemm_internal.h; FMA equals mul+add here
- * because FP8 products are exact.
+ * because FP8 products are exact.  The MX mode runs the tile as two 7-row halves
+ * (x86/gemm_mx_avx512.h).
  */
 #include "gemm_internal.h"
 
 #if FP8MIX_X86
 #include <immintrin.h>
 
+#include "x86/gemm_mx_avx512.h"
+
 #define ROWS14(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13)
 
 static inline __attribute__((always_inline)) void
-ukernel_f32_14x32(int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc, int load_c, const float *rs,
-                  const float *cs)
+ukernel_f32_14x32(int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc, int load_c, const float *rs)
 {
     const float *a = (const float *)ap, *b = (const float *)bp;
     int init = load_c && !rs;
     /* The driver's next tile is usually the next 14 rows of C: start fetching
      * it into L2 now (C rows are often 4 KiB multiples apart and collide in L1). */
-    for (int r = 0; r < 14 && !cs; r++) { /* (MX: once per tile, by the caller) */
+    for (int r = 0; r < 14; r++) {
         _mm_prefetch((const char *)(c + (14 + r) * ldc), _MM_HINT_T1);
         _mm_prefetch((const char *)(c + (14 + r) * ldc + 31), _MM_HINT_T1);
     }
@@ -60,12 +62,10 @@ ukernel_f32_14x32(int64_t kc, const void *ap, const void *bp, float *c, int64_t 
 #undef STORE
         return;
     }
-    /* Block scales: C = (load_c ? C : +0) + part * rs[r], mul then add; MX (cs, the
-     * columns' scales): C = (load_c ? C : +0) + part * (rs[r] * cs[c]). */
+    /* Block scales: C = (load_c ? C : +0) + part * rs[r], mul then add. */
 #define SCALE(r)                                                                    \
     {                                                                               \
         __m512 s0 = _mm512_set1_ps(rs[r]), s1 = s0;                                 \
-        if (cs) s0 = _mm512_mul_ps(s0, _mm512_loadu_ps(cs)), s1 = _mm512_mul_ps(s1, _mm512_loadu_ps(cs + 16)); \
         __m512 o0 = load_c ? _mm512_loadu_ps(c + r * ldc) : _mm512_setzero_ps();    \
         __m512 o1 = load_c ? _mm512_loadu_ps(c + r * ldc + 16) : _mm512_setzero_ps(); \
         _mm512_storeu_ps(c + r * ldc, _mm512_add_ps(o0, _mm512_mul_ps(c##r##0, s0)));      \
@@ -79,7 +79,7 @@ void fp8mix_gemm_ukernel_f32_14x32__avx512(int64_t kc, const void *ap, const voi
                                            float *c, int64_t ldc, int load_c,
                                            const float *rs)
 {
-    ukernel_f32_14x32(kc, ap, bp, c, ldc, load_c, rs, NULL);
+    ukernel_f32_14x32(kc, ap, bp, c, ldc, load_c, rs);
 }
 
 #define STR_(x) #x
@@ -100,24 +100,14 @@ void fp8mix_gemm_ukernel_f32_14x32__avx512(int64_t kc, const void *ap, const voi
 #define ZERO2_ASM(r) "vpxord %[p" #r "0], %[p" #r "0], %[p" #r "0]\n\t" "vpxord %[p" #r "1], %[p" #r "1], %[p" #r "1]\n\t"
 #define ZERO7_ASM ZERO2_ASM(0) ZERO2_ASM(1) ZERO2_ASM(2) ZERO2_ASM(3) ZERO2_ASM(4) ZERO2_ASM(5) ZERO2_ASM(6)
 
-/* MX over a whole K step for 7 of the tile's 14 rows (a: the packed panel at the
- * first of them, k-steps still 14 values apart; sa: their scales, 14 per block): the
- * 7 x 32 outputs stay in 14 registers for the whole step and each 32-deep block's
- * part in 14 more, so C is loaded and stored once per K step rather than once per
- * block (the C rows, 4 KiB multiples apart, miss L1).  Per block:
- *   part = +0 + products;  acc = acc + part * (sa[r] * sb[c])
- * (the scale product, the multiply and the add each rounded: three instructions,
- * no FMA; the operands in the order of the 14-row kernel's block store). */
+/* MX over a whole K step for 7 of the tile's 14 rows (gemm_mx_avx512.h; a: the packed
+ * panel at the first of them, its k-steps still 14 rows apart; sa: their scales, 14
+ * per block). */
 static inline __attribute__((always_inline)) void
 mx_half_f32_7x32(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int load_c, const float *sa,
                  const float *sb)
 {
-#define ROWS7(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6)
-#define DECL(r)                                                                        \
-    __m512 o##r##0 = load_c ? _mm512_loadu_ps(c + r * ldc) : _mm512_setzero_ps();     \
-    __m512 o##r##1 = load_c ? _mm512_loadu_ps(c + r * ldc + 16) : _mm512_setzero_ps();
-    ROWS7(DECL)
-#undef DECL
+    MX7_ROWS(MX7_DECL)
     for (int64_t k0 = 0; k0 < kc; k0 += 32, sa += 14, sb += 32) {
         const int64_t kk = kc - k0 < 32 ? kc - k0 : 32; /* even: kc is */
         /* The block's parts cleared to +0 and its k-loop, two k-steps per iteration, in
@@ -141,22 +131,9 @@ mx_half_f32_7x32(int64_t kc, const float *a, const float *b, float *c, int64_t l
               [p50] "=&v"(p50), [p51] "=&v"(p51), [p60] "=&v"(p60), [p61] "=&v"(p61)
             :
             : "xmm29", "xmm30", "xmm31", "cc", "memory");
-#define SCALE(r)                                                                                        \
-    {                                                                                                   \
-        __m512 s = _mm512_set1_ps(sa[r]);                                                               \
-        __m512 s0 = _mm512_mul_ps(s, _mm512_loadu_ps(sb)), s1 = _mm512_mul_ps(s, _mm512_loadu_ps(sb + 16)); \
-        o##r##0 = _mm512_add_ps(o##r##0, _mm512_mul_ps(p##r##0, s0));                                   \
-        o##r##1 = _mm512_add_ps(o##r##1, _mm512_mul_ps(p##r##1, s1));                                   \
+        MX7_ROWS(MX7_SCALE)
     }
-        ROWS7(SCALE)
-#undef SCALE
-    }
-#define STORE(r)                                  \
-    _mm512_storeu_ps(c + r * ldc, o##r##0);       \
-    _mm512_storeu_ps(c + r * ldc + 16, o##r##1);
-    ROWS7(STORE)
-#undef STORE
-#undef ROWS7
+    MX7_ROWS(MX7_STORE)
 }
 
 /* MX scales over a whole K step (gemm_internal.h's fp8mix_gemm_ukernel_mx_fn): the
@@ -166,10 +143,7 @@ void fp8mix_gemm_ukernel_mx_f32_14x32__avx512(int64_t kc, const void *ap, const 
                                               int load_c, const float *sa, const float *sb)
 {
     const float *a = (const float *)ap, *b = (const float *)bp;
-    for (int r = 0; r < 14; r++) {
-        _mm_prefetch((const char *)(c + (14 + r) * ldc), _MM_HINT_T1);
-        _mm_prefetch((const char *)(c + (14 + r) * ldc + 31), _MM_HINT_T1);
-    }
+    mx14_prefetch_next_tile(c, ldc);
     mx_half_f32_7x32(kc, a, b, c, ldc, load_c, sa, sb);
     mx_half_f32_7x32(kc, a + 7, b, c + 7 * ldc, ldc, load_c, sa + 7, sb);
 }

@@ -1,0 +1,50 @@
+/*
+ * gemm_mx_avx512.h — what the AVX-512 kernels' MX mode shares (x86/gemm_avx512.c,
+ * x86/gemm_avx512bf16.c; included only by files built with AVX-512 flags): the 14 x 32
+ * tile runs as two 7-row halves whose 7 x 32 outputs o##r##0/1 stay in 14 zmm
+ * registers for a whole K step, and each 32-deep block's part p##r##0/1 in 14 more,
+ * so that C is loaded and stored once per K step rather than once per block (the C
+ * rows, often 4 KiB multiples apart, collide in L1: with a round trip through C per
+ * block the MX GEMM ran at 0.7-0.8x the per-tensor one).  The including file makes
+ * each block's parts (+0 + products, canonical order); these macros do the rest:
+ *   acc = (load_c ? C : +0);  per block  acc = acc + part * (sa[r] * sb[c]);  C = acc
+ * (the scale product, the multiply and the add each rounded: three instructions, no
+ * FMA, the build has -ffp-contract=off; the operands in the order of the 14-row
+ * kernels' block store).  Used inside a half kernel with c, ldc, load_c, sa (this
+ * block's 7 row scales) and sb (its 32 column scales) in scope.
+ */
+#ifndef FP8MIX_GEMM_MX_AVX512_H
+#define FP8MIX_GEMM_MX_AVX512_H
+
+#include <immintrin.h>
+#include <stdint.h>
+
+#define MX7_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6)
+
+#define MX7_DECL(r)                                                                     \
+    __m512 o##r##0 = load_c ? _mm512_loadu_ps(c + r * ldc) : _mm512_setzero_ps();      \
+    __m512 o##r##1 = load_c ? _mm512_loadu_ps(c + r * ldc + 16) : _mm512_setzero_ps();
+
+#define MX7_SCALE(r)                                                                                    \
+    {                                                                                                   \
+        __m512 s = _mm512_set1_ps(sa[r]);                                                               \
+        __m512 s0 = _mm512_mul_ps(s, _mm512_loadu_ps(sb)), s1 = _mm512_mul_ps(s, _mm512_loadu_ps(sb + 16)); \
+        o##r##0 = _mm512_add_ps(o##r##0, _mm512_mul_ps(p##r##0, s0));                                   \
+        o##r##1 = _mm512_add_ps(o##r##1, _mm512_mul_ps(p##r##1, s1));                                   \
+    }
+
+#define MX7_STORE(r)                              \
+    _mm512_storeu_ps(c + r * ldc, o##r##0);       \
+    _mm512_storeu_ps(c + r * ldc + 16, o##r##1);
+
+/* The driver's next tile is usually the next 14 rows of C: fetched into L2 once per
+ * tile (the 14-row kernels do the same per call). */
+static inline void mx14_prefetch_next_tile(const float *c, int64_t ldc)
+{
+    for (int r = 0; r < 14; r++) {
+        _mm_prefetch((const char *)(c + (14 + r) * ldc), _MM_HINT_T1);
+        _mm_prefetch((const char *)(c + (14 + r) * ldc + 31), _MM_HINT_T1);
+    }
+}
+
+#endif /* FP8MIX_GEMM_MX_AVX512_H */
