@@ -96,7 +96,7 @@ void fp8mix_gemm_ukernel_bf16_14x32__avx512bf16(int64_t kc, const void *ap,
  * per block). */
 static inline __attribute__((always_inline)) void
 mx_half_bf16_7x32(int64_t kc, const unsigned char *a, const unsigned char *b, float *c, int64_t ldc, int load_c,
-                  const float *sa, const float *sb)
+                  const float *sa, const float *sb, int pow2)
 {
     MX7_ROWS(MX7_DECL)
     for (int64_t k0 = 0; k0 < kc; k0 += 32, sa += 14, sb += 32) {
@@ -114,21 +114,36 @@ mx_half_bf16_7x32(int64_t kc, const unsigned char *a, const unsigned char *b, fl
         for (; t < np; t++, a += 56, b += 128) KSTEP(0)
 #undef KSTEP
 #undef PSTEP
-        MX7_ROWS(MX7_SCALE)
+        MX7_SCALE_BLOCK(pow2)
     }
     MX7_ROWS(MX7_STORE)
 }
 
-/* MX scales over a whole K step (gemm_internal.h's fp8mix_gemm_ukernel_mx_fn): the
- * tile as two 7-row halves, each with its outputs in registers across the blocks
+/* MX scales over a whole K step (gemm_internal.h's fp8mix_gemm_ukernel_mx_fn, and with
+ * pow2 its fn_mx_pow2): the tile as two 7-row halves, each with its outputs in registers across the blocks
  * (mx_half_bf16_7x32; the B sliver is read twice, from L1). */
-void fp8mix_gemm_ukernel_mx_bf16_14x32__avx512bf16(int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc,
-                                                   int load_c, const float *sa, const float *sb)
+static inline __attribute__((always_inline)) void
+mx_tile(int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc, int load_c, const float *sa,
+        const float *sb, int pow2)
 {
     const unsigned char *a = (const unsigned char *)ap, *b = (const unsigned char *)bp;
     mx14_prefetch_next_tile(c, ldc);
-    mx_half_bf16_7x32(kc, a, b, c, ldc, load_c, sa, sb);
-    mx_half_bf16_7x32(kc, a + 7 * 4, b, c + 7 * ldc, ldc, load_c, sa + 7, sb);
+    mx_half_bf16_7x32(kc, a, b, c, ldc, load_c, sa, sb, pow2);
+    mx_half_bf16_7x32(kc, a + 7 * 4, b, c + 7 * ldc, ldc, load_c, sa + 7, sb, pow2);
+}
+
+void fp8mix_gemm_ukernel_mx_bf16_14x32__avx512bf16(int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc,
+    int load_c, const float *sa, const float *sb)
+{
+    mx_tile(kc, ap, bp, c, ldc, load_c, sa, sb, 0);
+}
+
+/* The same sums where every scale and scale product is a normal power of two
+ * (gemm_internal.h's fn_mx_pow2). */
+void fp8mix_gemm_ukernel_mx_pow2_bf16_14x32__avx512bf16(int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc,
+    int load_c, const float *sa, const float *sb)
+{
+    mx_tile(kc, ap, bp, c, ldc, load_c, sa, sb, 1);
 }
 #elif FP8MIX_X86
 /* Built without AVX512_BF16 support: never selected. */
@@ -142,6 +157,11 @@ void fp8mix_gemm_ukernel_bf16_14x32__avx512bf16(int64_t kc, const void *ap,
 }
 void fp8mix_gemm_ukernel_mx_bf16_14x32__avx512bf16(int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc,
                                                    int load_c, const float *sa, const float *sb)
+{
+    (void)kc; (void)ap; (void)bp; (void)c; (void)ldc; (void)load_c; (void)sa; (void)sb;
+}
+void fp8mix_gemm_ukernel_mx_pow2_bf16_14x32__avx512bf16(int64_t kc, const void *ap, const void *bp, float *c,
+                                                        int64_t ldc, int load_c, const float *sa, const float *sb)
 {
     (void)kc; (void)ap; (void)bp; (void)c; (void)ldc; (void)load_c; (void)sa; (void)sb;
 }
