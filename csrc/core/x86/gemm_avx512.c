@@ -102,14 +102,13 @@ void fp8mix_gemm_ukernel_f32_14x32__avx512(int64_t kc, const void *ap, const voi
 
 /* MX over a whole K step for 7 of the tile's 14 rows (gemm_mx_avx512.h; a: the packed
  * panel at the first of them, its k-steps still 14 rows apart; sa: their scales, 14
- * per block; pf: the 7 C rows the next half loads, fetched during the last block). */
+ * per block). */
 static inline __attribute__((always_inline)) void
 mx_half_f32_7x32(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int load_c, const float *sa,
-                 const float *sb, int pow2, const float *pf)
+                 const float *sb, int pow2)
 {
     MX7_ROWS(MX7_DECL)
     for (int64_t k0 = 0; k0 < kc; k0 += 32, sa += 14, sb += 32) {
-        if (k0 + 32 >= kc) mx7_prefetch_rows(pf, ldc);
         const int64_t kk = kc - k0 < 32 ? kc - k0 : 32; /* even: kc is */
         /* The block's parts cleared to +0 and its k-loop, two k-steps per iteration, in
          * assembly: from intrinsics GCC spilled parts to the stack (28 accumulators
@@ -146,8 +145,8 @@ mx_tile(int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc, int l
 {
     const float *a = (const float *)ap, *b = (const float *)bp;
     mx14_prefetch_next_tile(c, ldc);
-    mx_half_f32_7x32(kc, a, b, c, ldc, load_c, sa, sb, pow2, c + 7 * ldc);
-    mx_half_f32_7x32(kc, a + 7, b, c + 7 * ldc, ldc, load_c, sa + 7, sb, pow2, c + 14 * ldc);
+    mx_half_f32_7x32(kc, a, b, c, ldc, load_c, sa, sb, pow2);
+    mx_half_f32_7x32(kc, a + 7, b, c + 7 * ldc, ldc, load_c, sa + 7, sb, pow2);
 }
 
 void fp8mix_gemm_ukernel_mx_f32_14x32__avx512(int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc,

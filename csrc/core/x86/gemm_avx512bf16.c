@@ -93,14 +93,13 @@ void fp8mix_gemm_ukernel_bf16_14x32__avx512bf16(int64_t kc, const void *ap,
 
 /* MX over a whole K step for 7 of the tile's 14 rows (gemm_mx_avx512.h; a: the packed
  * panel at the first of them, its k-steps still 14 rows apart; sa: their scales, 14
- * per block; pf: the 7 C rows the next half loads, fetched during the last block). */
+ * per block). */
 static inline __attribute__((always_inline)) void
 mx_half_bf16_7x32(int64_t kc, const unsigned char *a, const unsigned char *b, float *c, int64_t ldc, int load_c,
-                  const float *sa, const float *sb, int pow2, const float *pf)
+                  const float *sa, const float *sb, int pow2)
 {
     MX7_ROWS(MX7_DECL)
     for (int64_t k0 = 0; k0 < kc; k0 += 32, sa += 14, sb += 32) {
-        if (k0 + 32 >= kc) mx7_prefetch_rows(pf, ldc);
         const int64_t np = (kc - k0 < 32 ? kc - k0 : 32) / 2; /* pairs: kc is even */
 #define ZERO(r) __m512 p##r##0 = _mm512_setzero_ps(), p##r##1 = _mm512_setzero_ps();
         MX7_ROWS(ZERO)
@@ -129,8 +128,8 @@ mx_tile(int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc, int l
 {
     const unsigned char *a = (const unsigned char *)ap, *b = (const unsigned char *)bp;
     mx14_prefetch_next_tile(c, ldc);
-    mx_half_bf16_7x32(kc, a, b, c, ldc, load_c, sa, sb, pow2, c + 7 * ldc);
-    mx_half_bf16_7x32(kc, a + 7 * 4, b, c + 7 * ldc, ldc, load_c, sa + 7, sb, pow2, c + 14 * ldc);
+    mx_half_bf16_7x32(kc, a, b, c, ldc, load_c, sa, sb, pow2);
+    mx_half_bf16_7x32(kc, a + 7 * 4, b, c + 7 * ldc, ldc, load_c, sa + 7, sb, pow2);
 }
 
 void fp8mix_gemm_ukernel_mx_bf16_14x32__avx512bf16(int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc,

@@ -81,15 +81,4 @@ static inline void mx14_prefetch_next_tile(const float *c, int64_t ldc)
     }
 }
 
-/* 7 rows of C (stride ldc) into L1, at a half's last block: the rows the next half
- * loads (the tile's other half, or the next tile's first).  Without it the halves'
- * C loads stalled for 15-20% of the kernel's time at 2048^3 (rows 8 KiB apart). */
-static inline void mx7_prefetch_rows(const float *pf, int64_t ldc)
-{
-    for (int r = 0; r < 7; r++) {
-        _mm_prefetch((const char *)(pf + r * ldc), _MM_HINT_T0);
-        _mm_prefetch((const char *)(pf + r * ldc + 31), _MM_HINT_T0);
-    }
-}
-
 #endif /* FP8MIX_GEMM_MX_AVX512_H */
