@@ -104,7 +104,8 @@ void fp8mix_gemm_ukernel_f32_14x32__avx512(int64_t kc, const void *ap, const voi
  * panel at the first of them, its k-steps still 14 rows apart; sa: their scales, 14
  * per block). */
 static inline __attribute__((always_inline)) void
-mx_half_f32_7x32(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int load_c, const float *sa,
+mx_half_f32_7x32(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, const float *ci, int64_t ldi,
+                 int load_c, const float *sa,
                  const float *sb, int pow2)
 {
     MX7_ROWS(MX7_DECL)
@@ -145,8 +146,10 @@ mx_tile(int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc, int l
 {
     const float *a = (const float *)ap, *b = (const float *)bp;
     mx14_prefetch_next_tile(c, ldc);
-    mx_half_f32_7x32(kc, a, b, c, ldc, load_c, sa, sb, pow2);
-    mx_half_f32_7x32(kc, a + 7, b, c + 7 * ldc, ldc, load_c, sa + 7, sb, pow2);
+    float t[7 * 32] __attribute__((aligned(64)));
+    if (load_c) mx7_copy_rows(t, c + 7 * ldc, ldc);
+    mx_half_f32_7x32(kc, a, b, c, ldc, c, ldc, load_c, sa, sb, pow2);
+    mx_half_f32_7x32(kc, a + 7, b, c + 7 * ldc, ldc, t, 32, load_c, sa + 7, sb, pow2);
 }
 
 void fp8mix_gemm_ukernel_mx_f32_14x32__avx512(int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc,

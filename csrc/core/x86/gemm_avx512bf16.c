@@ -95,7 +95,8 @@ void fp8mix_gemm_ukernel_bf16_14x32__avx512bf16(int64_t kc, const void *ap,
  * panel at the first of them, its k-steps still 14 rows apart; sa: their scales, 14
  * per block). */
 static inline __attribute__((always_inline)) void
-mx_half_bf16_7x32(int64_t kc, const unsigned char *a, const unsigned char *b, float *c, int64_t ldc, int load_c,
+mx_half_bf16_7x32(int64_t kc, const unsigned char *a, const unsigned char *b, float *c, int64_t ldc, const float *ci,
+                  int64_t ldi, int load_c,
                   const float *sa, const float *sb, int pow2)
 {
     MX7_ROWS(MX7_DECL)
@@ -128,8 +129,10 @@ mx_tile(int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc, int l
 {
     const unsigned char *a = (const unsigned char *)ap, *b = (const unsigned char *)bp;
     mx14_prefetch_next_tile(c, ldc);
-    mx_half_bf16_7x32(kc, a, b, c, ldc, load_c, sa, sb, pow2);
-    mx_half_bf16_7x32(kc, a + 7 * 4, b, c + 7 * ldc, ldc, load_c, sa + 7, sb, pow2);
+    float t[7 * 32] __attribute__((aligned(64)));
+    if (load_c) mx7_copy_rows(t, c + 7 * ldc, ldc);
+    mx_half_bf16_7x32(kc, a, b, c, ldc, c, ldc, load_c, sa, sb, pow2);
+    mx_half_bf16_7x32(kc, a + 7 * 4, b, c + 7 * ldc, ldc, t, 32, load_c, sa + 7, sb, pow2);
 }
 
 void fp8mix_gemm_ukernel_mx_bf16_14x32__avx512bf16(int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc,

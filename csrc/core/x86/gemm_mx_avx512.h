@@ -26,9 +26,11 @@
 
 #define MX7_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6)
 
+/* (The outputs' start is read from ci, stride ldi: C itself, or the copy mx7_copy_rows
+ * made of the second half's rows.) */
 #define MX7_DECL(r)                                                                     \
-    __m512 o##r##0 = load_c ? _mm512_loadu_ps(c + r * ldc) : _mm512_setzero_ps();      \
-    __m512 o##r##1 = load_c ? _mm512_loadu_ps(c + r * ldc + 16) : _mm512_setzero_ps();
+    __m512 o##r##0 = load_c ? _mm512_loadu_ps(ci + r * ldi) : _mm512_setzero_ps();     \
+    __m512 o##r##1 = load_c ? _mm512_loadu_ps(ci + r * ldi + 16) : _mm512_setzero_ps();
 
 #define MX7_SCALE(r)                                                                                    \
     {                                                                                                   \
@@ -78,6 +80,19 @@ static inline void mx14_prefetch_next_tile(const float *c, int64_t ldc)
     for (int r = 0; r < 14; r++) {
         _mm_prefetch((const char *)(c + (14 + r) * ldc), _MM_HINT_T1);
         _mm_prefetch((const char *)(c + (14 + r) * ldc + 31), _MM_HINT_T1);
+    }
+}
+
+/* The tile's second 7 C rows (stride ldc) into t (7 x 32), at the tile's start: their
+ * loads then miss together with the first half's, one wait per tile as in the 14-row
+ * kernels, rather than a second one in the middle of the tile (C rows 4-8 KiB apart
+ * share a few L1 sets: a half's loads missed there, 8-9% of the kernel's time each at
+ * 2048^3). */
+static inline void mx7_copy_rows(float *t, const float *c, int64_t ldc)
+{
+    for (int r = 0; r < 7; r++) {
+        _mm512_store_ps(t + r * 32, _mm512_loadu_ps(c + r * ldc));
+        _mm512_store_ps(t + r * 32 + 16, _mm512_loadu_ps(c + r * ldc + 16));
     }
 }
 
