@@ -321,6 +321,10 @@ static void compute_task(void *ctx, int64_t t, int worker)
         int nv = (int)min64(mr, mcc - p * mr);
         uint32_t *dst = ab + p * ksl * mr;
         if (msa) {
+            if (p + 1 < npan) /* the next panel's scale rows (nkb floats apart: a miss each) */
+                prefetch_rows((const uint8_t *)(g->scale_a + (i + mr) * pl->nkb + pl->pc / FP8MIX_MX_BLOCK),
+                              pl->nkb * (int64_t)sizeof(float), min64(mr, mcc - (p + 1) * mr),
+                              ceil_div(pl->kc, FP8MIX_MX_BLOCK) * (int64_t)sizeof(float));
             mx_range e = mx_scales(pl, g->scale_a, i, nv, mr, msa + p * pl->mxq * mr);
             if (ranges) ra[p] = e;
         }
