@@ -54,6 +54,16 @@
 #define GEMM_GRAIN (1 << 22)  /* multiply-adds worth a thread                  */
 #define WS_KEEP (24u << 20)   /* largest workspace kept between calls           */
 
+/* MX scales of a panel or sliver over one K step: the least and greatest biased
+ * exponent of its valid scales when every one is a normal power of two; lo > hi
+ * when one is not (fn_mx_pow2's condition, checked per tile in mx_pow2). */
+typedef struct mx_range {
+    int lo, hi;
+} mx_range;
+
+#define MX_MAX_SLIVERS (NC / 4)  /* NR slivers of a column chunk (NR >= 4)        */
+#define MX_MAX_PANELS 32         /* A panels of a task with fn_mx_pow2 (MR >= 14)  */
+
 typedef struct plan {
     const fp8mix_gemm_args *g;
     const fp8mix_gemm_ukernel *uk;
@@ -77,6 +87,7 @@ typedef struct plan {
     float *mxsb;               /* MX: per sliver mxq x NR column scales           */
     float *mxsa;               /* MX: per worker, per A panel mxq x MR row scales */
     size_t mxsa_words;
+    mx_range mxrb[MX_MAX_SLIVERS]; /* MX: each sliver's scales (mx_range)         */
 } plan;
 
 static inline int64_t slots(const plan *pl, int64_t k) { return pl->uk->bf16 ? k / 2 : k; }
@@ -150,31 +161,57 @@ static inline void prefetch_rows(const uint8_t *p, int64_t ld, int64_t rows, int
 }
 
 
-/* The MX scales of a K step beside the packed panels, 0 outside the nv valid rows or
- * columns (those outputs are dropped): dst[q * w + r] = src[(r0 + r) * nkb + kb0 + q]
- * (A's rows, or B's columns: both are indexed [row or column][k block]). */
-static void mx_scales(const plan *pl, const float *src, int64_t r0, int nv, int64_t w, float *dst)
+/* The MX scales of a K step beside the packed panels, 1 outside the nv valid rows or
+ * columns (those outputs are dropped; 1 keeps their scale products finite, and powers
+ * of two where the valid ones are): dst[q * w + r] = src[(r0 + r) * nkb + kb0 + q]
+ * (A's rows, or B's columns: both are indexed [row or column][k block]).  Returns
+ * the valid scales' exponent range (mx_range). */
+static mx_range mx_scales(const plan *pl, const float *src, int64_t r0, int nv, int64_t w, float *dst)
 {
     int64_t nq = ceil_div(pl->kc, FP8MIX_MX_BLOCK), kb0 = pl->pc / FP8MIX_MX_BLOCK;
+    uint32_t frac = 0; /* any mantissa bit, or a zero exponent field, makes it non-pow2 */
+    int lo = 255, hi = 0;
     for (int64_t r = 0; r < w; r++) {
         if (r >= nv) {
-            for (int64_t q = 0; q < nq; q++) dst[q * w + r] = 0.0f;
+            for (int64_t q = 0; q < nq; q++) dst[q * w + r] = 1.0f;
             continue;
         }
         const float *sr = src + (r0 + r) * pl->nkb + kb0;
-        for (int64_t q = 0; q < nq; q++) dst[q * w + r] = sr[q];
+        for (int64_t q = 0; q < nq; q++) {
+            uint32_t u;
+            memcpy(&u, sr + q, sizeof u);
+            int e = (int)(u >> 23); /* the scales are > 0 (checked): no sign bit */
+            frac |= (u & 0x7FFFFFu) | (uint32_t)(e == 0);
+            lo = e < lo ? e : lo;
+            hi = e > hi ? e : hi;
+            dst[q * w + r] = sr[q];
+        }
     }
+    mx_range m = {lo, hi};
+    if (frac) m.lo = 1, m.hi = 0;
+    return m;
+}
+
+/* Whether a tile with these row and column scale ranges may run fn_mx_pow2: both all
+ * normal powers of two, and every product 2^(ea + eb - 254) normal (biased exponent
+ * ea + eb - 127 in 1 .. 254). */
+static inline int mx_pow2(mx_range a, mx_range b)
+{
+    return a.lo <= a.hi && b.lo <= b.hi && a.lo + b.lo - 127 >= 1 && a.hi + b.hi - 127 <= 254;
 }
 
 static void pack_b_task(void *ctx, int64_t s, int worker)
 {
     (void)worker;
-    const plan *pl = (const plan *)ctx;
+    plan *pl = (plan *)ctx; /* (writes its own sliver's mxrb entry) */
     const fp8mix_gemm_args *g = pl->g;
     int64_t j = pl->jc + s * pl->nr;
     int nv = (int)min64(pl->nr, g->n - j);
     uint32_t *dst = pl->bpanel + s * pl->ksl * pl->nr;
-    if (pl->mx) mx_scales(pl, g->scale_b, j, nv, pl->nr, pl->mxsb + s * pl->mxq * pl->nr);
+    if (pl->mx) {
+        mx_range e = mx_scales(pl, g->scale_b, j, nv, pl->nr, pl->mxsb + s * pl->mxq * pl->nr);
+        if (s < MX_MAX_SLIVERS) pl->mxrb[s] = e;
+    }
     if (g->b_layout == FP8MIX_B_NK && j + pl->nr < g->n) /* the next sliver's columns */
         prefetch_rows(g->b + (j + pl->nr) * g->ldb + pl->pc, g->ldb, min64(pl->nr, g->n - j - pl->nr), pl->kc);
     if (g->b_layout == FP8MIX_B_KN)
@@ -186,16 +223,16 @@ static void pack_b_task(void *ctx, int64_t s, int worker)
 }
 
 /* MX scales over the K step of one tile (C at c, stride ld; sa, sb its rows' and
- * columns' scales per 32-deep block): the kernel's MX mode, or fn once per block into
- * a tile buffer and the rule C = C + part * (sa * sb) here (gemm.c), each operation
- * rounded, in the same order. */
+ * columns' scales per 32-deep block; pow2: mx_pow2 holds for them): the kernel's MX
+ * mode, or fn once per block into a tile buffer and the rule C = C + part * (sa * sb)
+ * here (gemm.c), each operation rounded, in the same order. */
 static void run_mx(const plan *pl, const uint32_t *as, const uint32_t *bs, const float *sa, const float *sb,
-                   float *c, int64_t ld, int load)
+                   float *c, int64_t ld, int load, int pow2)
 {
     const fp8mix_gemm_ukernel *uk = pl->uk;
     int64_t mr = pl->mr, nr = pl->nr, nq = ceil_div(pl->kc, FP8MIX_MX_BLOCK);
     if (uk->fn_mx) {
-        uk->fn_mx(pl->kce, as, bs, c, ld, load, sa, sb);
+        (pow2 && uk->fn_mx_pow2 ? uk->fn_mx_pow2 : uk->fn_mx)(pl->kce, as, bs, c, ld, load, sa, sb);
         return;
     }
     float part[MAX_TILE];
@@ -212,9 +249,9 @@ static void run_mx(const plan *pl, const uint32_t *as, const uint32_t *bs, const
 }
 
 /* One MR x NR tile at rows i.., columns j.. (mv x nv of them valid); msa, msb: its MX
- * scales (NULL without MX). */
+ * scales (NULL without MX), pow2: mx_pow2 holds for them. */
 static void run_tile(const plan *pl, const uint32_t *as, const uint32_t *bs, const float *msa, const float *msb,
-                     int64_t i, int64_t j, int mv, int nv)
+                     int pow2, int64_t i, int64_t j, int mv, int nv)
 {
     const fp8mix_gemm_args *g = pl->g;
     const fp8mix_gemm_ukernel *uk = pl->uk;
@@ -236,7 +273,7 @@ static void run_tile(const plan *pl, const uint32_t *as, const uint32_t *bs, con
         return;
     }
     if (pl->mx) {
-        run_mx(pl, as, bs, msa, msb, c, ld, load);
+        run_mx(pl, as, bs, msa, msb, c, ld, load, pow2);
     } else if (!pl->block) {
         uk->fn(pl->kce, as, bs, c, ld, load, NULL);
     } else {
@@ -277,11 +314,20 @@ static void compute_task(void *ctx, int64_t t, int worker)
     const fp8mix_gemm_pack_fn pack_krows = pl->uk->pack_a_krows ? pl->uk->pack_a_krows : pl->uk->pack_krows;
     const fp8mix_gemm_pack_fn pack_kcols = pl->uk->pack_a_kcols ? pl->uk->pack_a_kcols : pl->uk->pack_kcols;
     float *msa = pl->mx ? pl->mxsa + (size_t)worker * pl->mxsa_words : NULL;
+    mx_range ra[MX_MAX_PANELS]; /* the panels' MX scales, where fn_mx_pow2 can use them */
+    const int ranges = msa && pl->uk->fn_mx_pow2 && npan <= MX_MAX_PANELS && pl->nsl <= MX_MAX_SLIVERS;
     for (int64_t p = 0; p < npan; p++) {
         int64_t i = i0 + p * mr;
         int nv = (int)min64(mr, mcc - p * mr);
         uint32_t *dst = ab + p * ksl * mr;
-        if (msa) mx_scales(pl, g->scale_a, i, nv, mr, msa + p * pl->mxq * mr);
+        if (msa) {
+            if (p + 1 < npan) /* the next panel's scale rows (nkb floats apart: a miss each) */
+                prefetch_rows((const uint8_t *)(g->scale_a + (i + mr) * pl->nkb + pl->pc / FP8MIX_MX_BLOCK),
+                              pl->nkb * (int64_t)sizeof(float), min64(mr, mcc - (p + 1) * mr),
+                              ceil_div(pl->kc, FP8MIX_MX_BLOCK) * (int64_t)sizeof(float));
+            mx_range e = mx_scales(pl, g->scale_a, i, nv, mr, msa + p * pl->mxq * mr);
+            if (ranges) ra[p] = e;
+        }
         if (g->a_layout == FP8MIX_A_KM) {
             pack_kcols(g->a + pl->pc * g->lda + i, g->lda, nv, (int)mr, pl->kc, g->fmt_a, pl->uk->bf16, dst);
             continue;
@@ -296,8 +342,8 @@ static void compute_task(void *ctx, int64_t t, int worker)
         const uint32_t *bs = pl->bpanel + s * ksl * nr;
         const float *msb = pl->mx ? pl->mxsb + s * pl->mxq * nr : NULL;
         for (int64_t p = 0; p < npan; p++)
-            run_tile(pl, ab + p * ksl * mr, bs, msa ? msa + p * pl->mxq * mr : NULL, msb, i0 + p * mr, j,
-                     (int)min64(mr, mcc - p * mr), nv);
+            run_tile(pl, ab + p * ksl * mr, bs, msa ? msa + p * pl->mxq * mr : NULL, msb,
+                     ranges && mx_pow2(ra[p], pl->mxrb[s]), i0 + p * mr, j, (int)min64(mr, mcc - p * mr), nv);
     }
 }
 

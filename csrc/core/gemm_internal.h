@@ -99,6 +99,13 @@ typedef struct fp8mix_gemm_ukernel {
     int kalign;            /* packed K depth padded to a multiple of this (0: 2); the
                               kernels get kc and block depths rounded up to it    */
     fp8mix_gemm_pack_fn pack_a_krows, pack_a_kcols; /* A's own layout (NULL: B's) */
+    fp8mix_gemm_ukernel_mx_fn fn_mx_pow2; /* NULL: fn_mx; else fn_mx's sums where every
+                                             sa and sb is a power of two (a normal
+                                             float) and every sa * sb is normal: the
+                                             scale product as an exponent add (its
+                                             bits: bits(sa) + bits(sb) - bits(1.0f),
+                                             what the multiply rounds to there), which
+                                             frees the multiply port for the products */
 } fp8mix_gemm_ukernel;
 
 /* The portable kernels (the scalar ISA's, and the oracles of the SIMD ones):
@@ -127,8 +134,12 @@ void fp8mix_gemm_ukernel_f32_14x32__avx512(int64_t kc, const void *a, const void
                                            const float *rs);
 void fp8mix_gemm_ukernel_mx_f32_14x32__avx512(int64_t kc, const void *a, const void *b, float *c, int64_t ldc,
                                               int load_c, const float *sa, const float *sb);
+void fp8mix_gemm_ukernel_mx_pow2_f32_14x32__avx512(int64_t kc, const void *a, const void *b, float *c, int64_t ldc,
+                                                   int load_c, const float *sa, const float *sb);
 void fp8mix_gemm_ukernel_mx_bf16_14x32__avx512bf16(int64_t kc, const void *a, const void *b, float *c, int64_t ldc,
                                                    int load_c, const float *sa, const float *sb);
+void fp8mix_gemm_ukernel_mx_pow2_bf16_14x32__avx512bf16(int64_t kc, const void *a, const void *b, float *c,
+                                                        int64_t ldc, int load_c, const float *sa, const float *sb);
 void fp8mix_gemm_ukernel_bf16_14x32__avx512bf16(int64_t kc, const void *a,
                                                 const void *b, float *c,
                                                 int64_t ldc, int load_c,

@@ -386,6 +386,44 @@ static void test_mx_shapes(void)
     }
 }
 
+/* MX scales that are powers of two (what MX quantisation makes: the kernels' exponent-add
+ * mode, fn_mx_pow2) through every kernel and ISA against fp8mix_gemm_mx, bit for bit:
+ * moderate exponents; scale products at the ends of the normal range (2^-126, 2^127:
+ * still that mode); products beyond them (overflow to inf, subnormal) and a scale that
+ * is not a power of two, which send the tiles that hold them back to the multiply; in
+ * a few rows or columns only, so that both modes meet in one GEMM. */
+static float pow2_scale(int e) { return ldexpf(1.0f, e); }
+
+static void test_mx_pow2(void)
+{
+    static const int64_t shapes[][3] = {{30, 70, 600}, {29, 33, 257}, {15, 64, 95}};
+    for (int s = 0; s < 3; s++)
+        for (int mode = 0; mode < 5; mode++) {
+            problem p;
+            make_problem(&p, shapes[s][0], shapes[s][1], shapes[s][2], (fp8mix_format)(mode & 1),
+                         (fp8mix_format)(s & 1), (fp8mix_b_layout)((s + mode) & 1), FP8MIX_MM_SCALE_MX,
+                         mode & 1, FP8MIX_F32, FP8MIX_ACCUM_FP32, 0);
+            for (int64_t i = 0; i < p.nsa; i++) p.sa[i] = pow2_scale((int)(rnd() % 17) - 8);
+            for (int64_t i = 0; i < p.nsb; i++) p.sb[i] = pow2_scale((int)(rnd() % 17) - 8);
+            int64_t nkb = (p.g.k + 31) / 32, late = p.nsa - 1; /* the last row's last block */
+            if (mode == 1) { /* products of exactly 2^-126 and 2^127: the exponent-add mode */
+                for (int64_t i = 0; i < nkb; i++) p.sa[i] = pow2_scale(-63), p.sb[i] = pow2_scale(-63);
+                p.sa[late] = pow2_scale(64);
+                p.sb[p.nsb - 1] = pow2_scale(63);
+            } else if (mode == 2) { /* a product past 2^127: inf in those outputs */
+                p.sa[late] = pow2_scale(120);
+                p.sb[p.nsb - 1] = pow2_scale(10);
+            } else if (mode == 3) { /* subnormal products */
+                for (int64_t i = 0; i < nkb; i++) p.sa[i] = pow2_scale(-120);
+                p.sb[0] = pow2_scale(-10);
+            } else if (mode == 4) { /* one scale of one row block not a power of two */
+                p.sa[nkb + 1] = 1.5f;
+            }
+            check_problem(&p, mode == 0 || mode == 4, mode == 0 ? 1e-6 : 0);
+            free_problem(&p);
+        }
+}
+
 /* bf16 / f16 output with many rows: the float32 accumulator is capped, so the
  * columns come in several chunks. */
 static void test_acc_chunks(void)
@@ -823,6 +861,7 @@ int main(void)
     test_threads();
     test_row_tensor_scales();
     test_mx_shapes();
+    test_mx_pow2();
     test_amx_kernel();
     test_native_order();
     test_acc_chunks();

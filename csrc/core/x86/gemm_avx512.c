@@ -2,24 +2,26 @@
  * gemm_avx512.c — AVX-512 float32 GEMM microkernel, 14 x 32 tile (28 zmm
  * accumulators, A broadcast from the packed panel).  Packed panels and the
  * summation order are defined in gemm_internal.h; FMA equals mul+add here
- * because FP8 products are exact.
+ * because FP8 products are exact.  The MX mode runs the tile as two 7-row halves
+ * (x86/gemm_mx_avx512.h).
  */
 #include "gemm_internal.h"
 
 #if FP8MIX_X86
 #include <immintrin.h>
 
+#include "x86/gemm_mx_avx512.h"
+
 #define ROWS14(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13)
 
 static inline __attribute__((always_inline)) void
-ukernel_f32_14x32(int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc, int load_c, const float *rs,
-                  const float *cs)
+ukernel_f32_14x32(int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc, int load_c, const float *rs)
 {
     const float *a = (const float *)ap, *b = (const float *)bp;
     int init = load_c && !rs;
     /* The driver's next tile is usually the next 14 rows of C: start fetching
      * it into L2 now (C rows are often 4 KiB multiples apart and collide in L1). */
-    for (int r = 0; r < 14 && !cs; r++) { /* (MX: once per tile, by the caller) */
+    for (int r = 0; r < 14; r++) {
         _mm_prefetch((const char *)(c + (14 + r) * ldc), _MM_HINT_T1);
         _mm_prefetch((const char *)(c + (14 + r) * ldc + 31), _MM_HINT_T1);
     }
@@ -60,12 +62,10 @@ ukernel_f32_14x32(int64_t kc, const void *ap, const void *bp, float *c, int64_t 
 #undef STORE
         return;
     }
-    /* Block scales: C = (load_c ? C : +0) + part * rs[r], mul then add; MX (cs, the
-     * columns' scales): C = (load_c ? C : +0) + part * (rs[r] * cs[c]). */
+    /* Block scales: C = (load_c ? C : +0) + part * rs[r], mul then add. */
 #define SCALE(r)                                                                    \
     {                                                                               \
         __m512 s0 = _mm512_set1_ps(rs[r]), s1 = s0;                                 \
-        if (cs) s0 = _mm512_mul_ps(s0, _mm512_loadu_ps(cs)), s1 = _mm512_mul_ps(s1, _mm512_loadu_ps(cs + 16)); \
         __m512 o0 = load_c ? _mm512_loadu_ps(c + r * ldc) : _mm512_setzero_ps();    \
         __m512 o1 = load_c ? _mm512_loadu_ps(c + r * ldc + 16) : _mm512_setzero_ps(); \
         _mm512_storeu_ps(c + r * ldc, _mm512_add_ps(o0, _mm512_mul_ps(c##r##0, s0)));      \
@@ -79,23 +79,90 @@ void fp8mix_gemm_ukernel_f32_14x32__avx512(int64_t kc, const void *ap, const voi
                                            float *c, int64_t ldc, int load_c,
                                            const float *rs)
 {
-    ukernel_f32_14x32(kc, ap, bp, c, ldc, load_c, rs, NULL);
+    ukernel_f32_14x32(kc, ap, bp, c, ldc, load_c, rs);
 }
 
-/* MX scales over a whole K step (gemm_internal.h's fp8mix_gemm_ukernel_mx_fn): one
- * kernel pass per 32-deep block, its part scaled and added into C from registers. */
-void fp8mix_gemm_ukernel_mx_f32_14x32__avx512(int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc,
-                                              int load_c, const float *sa, const float *sb)
+#define STR_(x) #x
+#define STR(x) STR_(x)
+/* One k-step of 7 rows in assembly: the B row (two vectors) at byte offset OB of b,
+ * the A values at byte offsets A0..A6 of a; zmm29-31 are its scratch registers. */
+#define FMA2_ASM(r) "vfmadd231ps %%zmm29, %%zmm31, %[p" #r "0]\n\t" "vfmadd231ps %%zmm30, %%zmm31, %[p" #r "1]\n\t"
+#define KSTEP7_ASM(OB, OB2, A0, A1, A2, A3, A4, A5, A6)                                  \
+    "vmovups " STR(OB) "(%[b]), %%zmm29\n\t" "vmovups " STR(OB2) "(%[b]), %%zmm30\n\t"   \
+    "vbroadcastss " STR(A0) "(%[a]), %%zmm31\n\t" FMA2_ASM(0)                            \
+    "vbroadcastss " STR(A1) "(%[a]), %%zmm31\n\t" FMA2_ASM(1)                            \
+    "vbroadcastss " STR(A2) "(%[a]), %%zmm31\n\t" FMA2_ASM(2)                            \
+    "vbroadcastss " STR(A3) "(%[a]), %%zmm31\n\t" FMA2_ASM(3)                            \
+    "vbroadcastss " STR(A4) "(%[a]), %%zmm31\n\t" FMA2_ASM(4)                            \
+    "vbroadcastss " STR(A5) "(%[a]), %%zmm31\n\t" FMA2_ASM(5)                            \
+    "vbroadcastss " STR(A6) "(%[a]), %%zmm31\n\t" FMA2_ASM(6)
+
+#define ZERO2_ASM(r) "vpxord %[p" #r "0], %[p" #r "0], %[p" #r "0]\n\t" "vpxord %[p" #r "1], %[p" #r "1], %[p" #r "1]\n\t"
+#define ZERO7_ASM ZERO2_ASM(0) ZERO2_ASM(1) ZERO2_ASM(2) ZERO2_ASM(3) ZERO2_ASM(4) ZERO2_ASM(5) ZERO2_ASM(6)
+
+/* MX over a whole K step for 7 of the tile's 14 rows (gemm_mx_avx512.h; a: the packed
+ * panel at the first of them, its k-steps still 14 rows apart; sa: their scales, 14
+ * per block). */
+static inline __attribute__((always_inline)) void
+mx_half_f32_7x32(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, const float *ci, int64_t ldi,
+                 int load_c, const float *sa,
+                 const float *sb, int pow2)
 {
-    const unsigned char *a = (const unsigned char *)ap, *b = (const unsigned char *)bp;
-    for (int r = 0; r < 14; r++) {
-        _mm_prefetch((const char *)(c + (14 + r) * ldc), _MM_HINT_T1);
-        _mm_prefetch((const char *)(c + (14 + r) * ldc + 31), _MM_HINT_T1);
+    MX7_ROWS(MX7_DECL)
+    for (int64_t k0 = 0; k0 < kc; k0 += 32, sa += 14, sb += 32) {
+        const int64_t kk = kc - k0 < 32 ? kc - k0 : 32; /* even: kc is */
+        /* The block's parts cleared to +0 and its k-loop, two k-steps per iteration, in
+         * assembly: from intrinsics GCC spilled parts to the stack (28 accumulators
+         * live).  Each part takes its products k-step after k-step, as in the C
+         * kernel above. */
+        __m512 p00, p01, p10, p11, p20, p21, p30, p31, p40, p41, p50, p51, p60, p61;
+        int64_t n2 = kk / 2;
+        __asm__ volatile(
+            ZERO7_ASM
+            "1:\n\t"
+            KSTEP7_ASM(0, 64, 0, 4, 8, 12, 16, 20, 24)
+            KSTEP7_ASM(128, 192, 56, 60, 64, 68, 72, 76, 80)
+            "addq $112, %[a]\n\t"
+            "addq $256, %[b]\n\t"
+            "decq %[n]\n\t"
+            "jnz 1b\n\t"
+            : [a] "+r"(a), [b] "+r"(b), [n] "+r"(n2),
+              [p00] "=&v"(p00), [p01] "=&v"(p01), [p10] "=&v"(p10), [p11] "=&v"(p11), [p20] "=&v"(p20),
+              [p21] "=&v"(p21), [p30] "=&v"(p30), [p31] "=&v"(p31), [p40] "=&v"(p40), [p41] "=&v"(p41),
+              [p50] "=&v"(p50), [p51] "=&v"(p51), [p60] "=&v"(p60), [p61] "=&v"(p61)
+            :
+            : "xmm29", "xmm30", "xmm31", "cc", "memory");
+        MX7_SCALE_BLOCK(pow2)
     }
-    for (int64_t q = 0; q * 32 < kc; q++) { /* a block: 32 k-steps of 14 A and 32 B values, 4 bytes each */
-        int64_t kk = kc - q * 32 < 32 ? kc - q * 32 : 32; /* even: kc is */
-        ukernel_f32_14x32(kk, a + q * 32 * 14 * 4, b + q * 32 * 32 * 4, c, ldc, load_c || q > 0, sa + q * 14,
-                          sb + q * 32);
-    }
+    MX7_ROWS(MX7_STORE)
+}
+
+/* MX scales over a whole K step (gemm_internal.h's fp8mix_gemm_ukernel_mx_fn, and with
+ * pow2 its fn_mx_pow2): the tile as two 7-row halves, each with its outputs in registers across the blocks
+ * (mx_half_f32_7x32; the B sliver is read twice, from L1). */
+static inline __attribute__((always_inline)) void
+mx_tile(int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc, int load_c, const float *sa,
+        const float *sb, int pow2)
+{
+    const float *a = (const float *)ap, *b = (const float *)bp;
+    mx14_prefetch_next_tile(c, ldc);
+    float t[7 * 32] __attribute__((aligned(64)));
+    if (load_c) mx7_copy_rows(t, c + 7 * ldc, ldc);
+    mx_half_f32_7x32(kc, a, b, c, ldc, c, ldc, load_c, sa, sb, pow2);
+    mx_half_f32_7x32(kc, a + 7, b, c + 7 * ldc, ldc, t, 32, load_c, sa + 7, sb, pow2);
+}
+
+void fp8mix_gemm_ukernel_mx_f32_14x32__avx512(int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc,
+    int load_c, const float *sa, const float *sb)
+{
+    mx_tile(kc, ap, bp, c, ldc, load_c, sa, sb, 0);
+}
+
+/* The same sums where every scale and scale product is a normal power of two
+ * (gemm_internal.h's fn_mx_pow2). */
+void fp8mix_gemm_ukernel_mx_pow2_f32_14x32__avx512(int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc,
+    int load_c, const float *sa, const float *sb)
+{
+    mx_tile(kc, ap, bp, c, ldc, load_c, sa, sb, 1);
 }
 #endif /* FP8MIX_X86 */

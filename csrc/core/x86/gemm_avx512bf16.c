@@ -3,12 +3,15 @@
  * value is exact in bf16, so vdpbf16ps multiplies two k-steps per lane at
  * once.  Its two adds per lane (odd element first, each rounded) are the
  * canonical order of gemm_internal.h; dispatch.c probes once that this CPU agrees
- * bit for bit with the float32 kernel before using it.
+ * bit for bit with the float32 kernel before using it.  The MX mode runs the tile
+ * as two 7-row halves (x86/gemm_mx_avx512.h).
  */
 #include "gemm_internal.h"
 
 #if FP8MIX_X86 && defined(__AVX512BF16__)
 #include <immintrin.h>
+
+#include "x86/gemm_mx_avx512.h"
 
 const int fp8mix_gemm_have_avx512bf16 = 1;
 
@@ -21,13 +24,24 @@ static inline __m512bh bcast_pair(const unsigned char *a)
     return (__m512bh)_mm512_set1_epi32(w);
 }
 
+/* One pair of k-steps: the B pair row (two vectors) at pair u of b, and row r's A pair
+ * times it into accumulators P##r##0, P##r##1 (both kernels below). */
+#define BROW(u)                                                                     \
+    __m512bh b0 = (__m512bh)_mm512_loadu_si512((const void *)(b + 128 * (u)));     \
+    __m512bh b1 = (__m512bh)_mm512_loadu_si512((const void *)(b + 128 * (u) + 64));
+#define STEP(P, r, u)                                           \
+    {                                                           \
+        __m512bh av = bcast_pair(a + 56 * (u) + 4 * (r));       \
+        P##r##0 = _mm512_dpbf16_ps(P##r##0, av, b0);            \
+        P##r##1 = _mm512_dpbf16_ps(P##r##1, av, b1);            \
+    }
+
 static inline __attribute__((always_inline)) void
-ukernel_bf16_14x32(int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc, int load_c, const float *rs,
-                   const float *cs)
+ukernel_bf16_14x32(int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc, int load_c, const float *rs)
 {
     const unsigned char *a = (const unsigned char *)ap, *b = (const unsigned char *)bp;
     int init = load_c && !rs;
-    for (int r = 0; r < 14 && !cs; r++) { /* the next tile's C, as in gemm_avx512.c (MX: once per tile) */
+    for (int r = 0; r < 14; r++) { /* the next tile's C, as in gemm_avx512.c */
         _mm_prefetch((const char *)(c + (14 + r) * ldc), _MM_HINT_T1);
         _mm_prefetch((const char *)(c + (14 + r) * ldc + 31), _MM_HINT_T1);
     }
@@ -38,19 +52,8 @@ ukernel_bf16_14x32(int64_t kc, const void *ap, const void *bp, float *c, int64_t
 #undef DECL
     /* Two pairs of k-steps per iteration; the empty asm keeps GCC from
      * hoisting the next step's loads and spilling accumulators. */
-#define STEP(r, u)                                              \
-    {                                                           \
-        __m512bh av = bcast_pair(a + 56 * (u) + 4 * (r));       \
-        c##r##0 = _mm512_dpbf16_ps(c##r##0, av, b0);            \
-        c##r##1 = _mm512_dpbf16_ps(c##r##1, av, b1);            \
-    }
-#define KSTEP(u)                                                                    \
-    {                                                                               \
-        __m512bh b0 = (__m512bh)_mm512_loadu_si512((const void *)(b + 128 * (u)));  \
-        __m512bh b1 = (__m512bh)_mm512_loadu_si512((const void *)(b + 128 * (u) + 64)); \
-        STEP(0, u) STEP(1, u) STEP(2, u) STEP(3, u) STEP(4, u) STEP(5, u) STEP(6, u) \
-        STEP(7, u) STEP(8, u) STEP(9, u) STEP(10, u) STEP(11, u) STEP(12, u) STEP(13, u) \
-    }
+#define CSTEP(r) STEP(c, r, ku)
+#define KSTEP(u) { const int ku = (u); BROW(ku) ROWS14(CSTEP) }
     int64_t q = 0, nq = kc / 2;
     for (; q + 2 <= nq; q += 2, a += 2 * 56, b += 2 * 128) {
         KSTEP(0) __asm__ volatile("" ::: "memory");
@@ -58,7 +61,7 @@ ukernel_bf16_14x32(int64_t kc, const void *ap, const void *bp, float *c, int64_t
     }
     for (; q < nq; q++, a += 56, b += 128) KSTEP(0)
 #undef KSTEP
-#undef STEP
+#undef CSTEP
     if (!rs) {
 #define STORE(r)                               \
     _mm512_storeu_ps(c + r * ldc, c##r##0);    \
@@ -67,12 +70,10 @@ ukernel_bf16_14x32(int64_t kc, const void *ap, const void *bp, float *c, int64_t
 #undef STORE
         return;
     }
-    /* Block scales: C = (load_c ? C : +0) + part * rs[r], mul then add; MX (cs, the
-     * columns' scales): C = (load_c ? C : +0) + part * (rs[r] * cs[c]). */
+    /* Block scales: C = (load_c ? C : +0) + part * rs[r], mul then add. */
 #define SCALE(r)                                                                    \
     {                                                                               \
         __m512 s0 = _mm512_set1_ps(rs[r]), s1 = s0;                                 \
-        if (cs) s0 = _mm512_mul_ps(s0, _mm512_loadu_ps(cs)), s1 = _mm512_mul_ps(s1, _mm512_loadu_ps(cs + 16)); \
         __m512 o0 = load_c ? _mm512_loadu_ps(c + r * ldc) : _mm512_setzero_ps();    \
         __m512 o1 = load_c ? _mm512_loadu_ps(c + r * ldc + 16) : _mm512_setzero_ps(); \
         _mm512_storeu_ps(c + r * ldc, _mm512_add_ps(o0, _mm512_mul_ps(c##r##0, s0)));      \
@@ -87,24 +88,65 @@ void fp8mix_gemm_ukernel_bf16_14x32__avx512bf16(int64_t kc, const void *ap,
                                                 int64_t ldc, int load_c,
                                                 const float *rs)
 {
-    ukernel_bf16_14x32(kc, ap, bp, c, ldc, load_c, rs, NULL);
+    ukernel_bf16_14x32(kc, ap, bp, c, ldc, load_c, rs);
 }
 
-/* MX scales over a whole K step (gemm_internal.h's fp8mix_gemm_ukernel_mx_fn): one
- * kernel pass per 32-deep block, its part scaled and added into C from registers. */
-void fp8mix_gemm_ukernel_mx_bf16_14x32__avx512bf16(int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc,
-                                                   int load_c, const float *sa, const float *sb)
+/* MX over a whole K step for 7 of the tile's 14 rows (gemm_mx_avx512.h; a: the packed
+ * panel at the first of them, its k-steps still 14 rows apart; sa: their scales, 14
+ * per block). */
+static inline __attribute__((always_inline)) void
+mx_half_bf16_7x32(int64_t kc, const unsigned char *a, const unsigned char *b, float *c, int64_t ldc, const float *ci,
+                  int64_t ldi, int load_c,
+                  const float *sa, const float *sb, int pow2)
+{
+    MX7_ROWS(MX7_DECL)
+    for (int64_t k0 = 0; k0 < kc; k0 += 32, sa += 14, sb += 32) {
+        const int64_t np = (kc - k0 < 32 ? kc - k0 : 32) / 2; /* pairs: kc is even */
+#define ZERO(r) __m512 p##r##0 = _mm512_setzero_ps(), p##r##1 = _mm512_setzero_ps();
+        MX7_ROWS(ZERO)
+#undef ZERO
+#define PSTEP(r) STEP(p, r, ku)
+#define KSTEP(u) { const int ku = (u); BROW(ku) MX7_ROWS(PSTEP) }
+        int64_t t = 0;
+        for (; t + 2 <= np; t += 2, a += 2 * 56, b += 2 * 128) {
+            KSTEP(0) __asm__ volatile("" ::: "memory");
+            KSTEP(1) __asm__ volatile("" ::: "memory");
+        }
+        for (; t < np; t++, a += 56, b += 128) KSTEP(0)
+#undef KSTEP
+#undef PSTEP
+        MX7_SCALE_BLOCK(pow2)
+    }
+    MX7_ROWS(MX7_STORE)
+}
+
+/* MX scales over a whole K step (gemm_internal.h's fp8mix_gemm_ukernel_mx_fn, and with
+ * pow2 its fn_mx_pow2): the tile as two 7-row halves, each with its outputs in registers across the blocks
+ * (mx_half_bf16_7x32; the B sliver is read twice, from L1). */
+static inline __attribute__((always_inline)) void
+mx_tile(int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc, int load_c, const float *sa,
+        const float *sb, int pow2)
 {
     const unsigned char *a = (const unsigned char *)ap, *b = (const unsigned char *)bp;
-    for (int r = 0; r < 14; r++) {
-        _mm_prefetch((const char *)(c + (14 + r) * ldc), _MM_HINT_T1);
-        _mm_prefetch((const char *)(c + (14 + r) * ldc + 31), _MM_HINT_T1);
-    }
-    for (int64_t q = 0; q * 32 < kc; q++) { /* a block: 16 pairs of 14 A and 32 B words, 4 bytes each */
-        int64_t kk = kc - q * 32 < 32 ? kc - q * 32 : 32; /* even: kc is */
-        ukernel_bf16_14x32(kk, a + q * 16 * 14 * 4, b + q * 16 * 32 * 4, c, ldc, load_c || q > 0, sa + q * 14,
-                           sb + q * 32);
-    }
+    mx14_prefetch_next_tile(c, ldc);
+    float t[7 * 32] __attribute__((aligned(64)));
+    if (load_c) mx7_copy_rows(t, c + 7 * ldc, ldc);
+    mx_half_bf16_7x32(kc, a, b, c, ldc, c, ldc, load_c, sa, sb, pow2);
+    mx_half_bf16_7x32(kc, a + 7 * 4, b, c + 7 * ldc, ldc, t, 32, load_c, sa + 7, sb, pow2);
+}
+
+void fp8mix_gemm_ukernel_mx_bf16_14x32__avx512bf16(int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc,
+    int load_c, const float *sa, const float *sb)
+{
+    mx_tile(kc, ap, bp, c, ldc, load_c, sa, sb, 0);
+}
+
+/* The same sums where every scale and scale product is a normal power of two
+ * (gemm_internal.h's fn_mx_pow2). */
+void fp8mix_gemm_ukernel_mx_pow2_bf16_14x32__avx512bf16(int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc,
+    int load_c, const float *sa, const float *sb)
+{
+    mx_tile(kc, ap, bp, c, ldc, load_c, sa, sb, 1);
 }
 #elif FP8MIX_X86
 /* Built without AVX512_BF16 support: never selected. */
@@ -118,6 +160,11 @@ void fp8mix_gemm_ukernel_bf16_14x32__avx512bf16(int64_t kc, const void *ap,
 }
 void fp8mix_gemm_ukernel_mx_bf16_14x32__avx512bf16(int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc,
                                                    int load_c, const float *sa, const float *sb)
+{
+    (void)kc; (void)ap; (void)bp; (void)c; (void)ldc; (void)load_c; (void)sa; (void)sb;
+}
+void fp8mix_gemm_ukernel_mx_pow2_bf16_14x32__avx512bf16(int64_t kc, const void *ap, const void *bp, float *c,
+                                                        int64_t ldc, int load_c, const float *sa, const float *sb)
 {
     (void)kc; (void)ap; (void)bp; (void)c; (void)ldc; (void)load_c; (void)sa; (void)sb;
 }
