@@ -28,9 +28,9 @@ from .. import ops
 from ..context import current_frame, note_module_ran
 from ..formats import Format, Granularity, fp8_dtype
 from ..recipe import NVFP4BlockScaling
-from ._forward import frame_for, hp_out_dtype, reduce_group
+from ._forward import fp8_forward, frame_for, hp_out_dtype, reduce_group
 from ._plan import delayed_spec
-from .recompute import in_recompute, under_saved_tensor_hooks
+from .recompute import ReplayQueue, in_recompute, under_saved_tensor_hooks
 
 __all__ = ["grouped_linear_forward", "check_splits"]
 
@@ -105,20 +105,49 @@ class GroupedPlan:
         self.backward_done = False
 
 
-def _unsupported(owner: str, recipe) -> Optional[str]:
-    """Why this recipe cannot run through the grouped path (None: it can)."""
-    if isinstance(recipe, NVFP4BlockScaling):
-        return "NVFP4BlockScaling"
-    if recipe.along_reduction() or any(recipe.granularity(r) != Granularity.TENSOR
-                                       for r in ("input", "weight", "grad_output")):
-        return f"{type(recipe).__name__} (only per-tensor recipes: DelayedScaling, Float8CurrentScaling)"
+def _one_call(recipe) -> bool:
+    """Whether the recipe runs through the grouped ops (one C call per step): per-tensor recipes."""
+    return not isinstance(recipe, NVFP4BlockScaling) and not recipe.along_reduction() and all(
+        recipe.granularity(r) == Granularity.TENSOR for r in ("input", "weight", "grad_output"))
+
+
+def _unsupported(recipe, frame) -> Optional[str]:
+    """Why this recipe cannot run on grouped layers at all (None: it can)."""
+    if isinstance(recipe, NVFP4BlockScaling):  # (its own rules: stochastic gradients draw in backward)
+        return "the Monitor with NVFP4BlockScaling" if frame.monitor is not None else None
     if recipe.fp8_format is Format.AUTO:
         return "Format.AUTO"
     if recipe.stochastic():
         return "stochastic rounding"
     if recipe.delayed() and callable(recipe.amax_compute_algo):
         return "a callable amax_compute_algo"
+    if frame.monitor is not None and not _one_call(recipe):
+        return f"the Monitor with {type(recipe).__name__}"
     return None
+
+
+def _replays(m) -> dict:
+    """The grouped path's own replay queues (per first GEMM), apart from fp8_forward's."""
+    q = m.__dict__.get("_grouped_replay")
+    if q is None or q[0] is not m._replay:  # (new, or the module's Python state was reset)
+        q = m.__dict__["_grouped_replay"] = (m._replay, {})
+    return q[1]
+
+
+def _per_expert_forward(m, x, w_list: list, bias, splits: list, gemm0: int, is_first_microbatch):
+    """The recipes the grouped ops do not cover (block, MX, rowwise, NVFP4): each expert as
+    one fp8mix GEMM step (fp8mix.nn._forward.fp8_forward, GEMM gemm0 + g of m's state) — a
+    Python loop over the experts, bit for bit one fp8mix.Linear per expert. A checkpoint's
+    recompute repeats each expert's plan, as for a Linear."""
+    N, K = w_list[0].shape
+    bs = bias.unbind(0) if bias is not None else [None] * len(w_list)
+    ys = []
+    for g, part in enumerate(torch.split(x, splits)):
+        w, b = w_list[g], bs[g]
+        ys.append(fp8_forward(m, part, w, b, layout="out_in", in_features=K, out_features=N,
+                              is_first_microbatch=is_first_microbatch,
+                              hp_forward=lambda t, w=w, b=b: F.linear(t, w, b), gemm=gemm0 + g))
+    return torch.cat(ys)
 
 
 def grouped_linear_forward(m, x: torch.Tensor, weight: Union[torch.Tensor, Sequence[torch.Tensor]],
@@ -147,7 +176,12 @@ def grouped_linear_forward(m, x: torch.Tensor, weight: Union[torch.Tensor, Seque
     splits = check_splits(owner, m_splits, G, x.shape[0])
     eager = not torch.compiler.is_compiling()
     recompute = eager and in_recompute(eager=True) and torch.is_grad_enabled()
-    replay = m._replay[gemm0].take() if recompute else None
+    w_inputs: list = [whole] if whole is not None else weights
+    w_list = list(whole.unbind(0)) if whole is not None else weights
+    queue = _replays(m).setdefault(gemm0, ReplayQueue())
+    replay = queue.take() if recompute else None
+    if recompute and replay is None:  # a per-expert forward's recompute (or a high-precision one): fp8_forward
+        return _per_expert_forward(m, x, w_list, bias, splits, gemm0, is_first_microbatch)  # replays each
     frame = current_frame()
     if replay is None:
         if frame is None or not frame.enabled:
@@ -156,7 +190,6 @@ def grouped_linear_forward(m, x: torch.Tensor, weight: Union[torch.Tensor, Seque
             frame = frame_for(m, frame)
             if not frame.enabled:
                 return _hp_forward(x, weight, bias, splits)
-    w_inputs: list = [whole] if whole is not None else weights
     w_dtype = w_inputs[0].dtype
     if x.dtype not in _HP:
         raise TypeError(f"fp8mix.{owner}: input must be float32, bfloat16 or float16, got {x.dtype}")
@@ -171,15 +204,16 @@ def grouped_linear_forward(m, x: torch.Tensor, weight: Union[torch.Tensor, Seque
     else:
         assert frame is not None
         recipe = frame.recipe
-        why = _unsupported(owner, recipe)
+        why = _unsupported(recipe, frame)
         if why is not None:
-            raise NotImplementedError(f"fp8mix.{owner}: {why} is not implemented for grouped GEMMs; use a "
-                                      "per-tensor recipe (DelayedScaling or Float8CurrentScaling) or run the "
-                                      "experts outside fp8_autocast")
+            raise NotImplementedError(f"fp8mix.{owner}: {why} is not implemented for grouped GEMMs; use "
+                                      "another recipe or run the experts outside fp8_autocast")
         if recipe.reduce_amax and reduce_group(frame.group) is not None:
             raise NotImplementedError(f"fp8mix.{owner}: amaxes all-reduced over ranks (reduce_amax=True with a "
                                       "process group of more than one rank) are not implemented for grouped GEMMs; "
                                       "pass reduce_amax=False to the recipe (each rank scales from its own tokens)")
+        if not _one_call(recipe):
+            return _per_expert_forward(m, x, w_list, bias, splits, gemm0, is_first_microbatch)
         plan = GroupedPlan(recipe, gemm0, record=(torch.is_grad_enabled() and m.training) or frame.calibrating)
     plan.out_dtype = hp_out_dtype(x, w_dtype)
     wants_grad = torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in w_inputs))
@@ -189,7 +223,7 @@ def grouped_linear_forward(m, x: torch.Tensor, weight: Union[torch.Tensor, Seque
         xq, x_sinv, wq, w_sinv = _casts(m, x.detach(), block, offs, plan, replay is not None, wants_grad,
                                         is_first_microbatch)
     if replay is None and plan.record and wants_grad and eager and under_saved_tensor_hooks(eager=True):
-        m._replay[gemm0].push(plan)  # a checkpoint may recompute this forward: it will repeat this plan
+        queue.push(plan)  # a checkpoint may recompute this forward: it will repeat this plan
     pending = m._buffers["fp8_grad_pending"][gemm0:gemm0 + G] if (plan.delayed and plan.record) else None
     return GroupedFP8Function.apply(x, bias, (xq, x_sinv, wq, w_sinv, offs, pending), plan, whole is None,
                                     *w_inputs)

@@ -44,6 +44,8 @@ class GroupedLinear(FP8StateMixin, nn.Module):
     ``return_bias=True`` returns ``(y, [bias0, ...])`` without adding the biases.
     """
 
+    fp8_min_features = 16  # (as fp8mix.Linear's: experts narrower than this run in high precision)
+
     def __init__(self, num_gemms: int, in_features: int, out_features: int, bias: bool = True, device=None,
                  dtype=None, *, params_dtype: Optional[torch.dtype] = None, init_method: Optional[Callable] = None,
                  return_bias: bool = False, **te_kwargs):

@@ -424,9 +424,22 @@ def test_evaluation_in_fp8_leaves_the_experts_fp8_state_alone():
 
 
 @needs_fp8_grouped
-def test_a_recipe_the_grouped_gemms_lack_raises_naming_the_experts():
+def test_a_recipe_grouped_layers_lack_raises_naming_the_experts():
+    model = fp8mix.convert_model(_model("mixtral", seed=15), module_filter_fn=lambda m, fqn: "experts" in fqn)
+    with pytest.raises(NotImplementedError, match=r"FP8MixtralExperts.*stochastic rounding"):
+        with fp8mix.fp8_autocast(fp8_recipe=CurrentScaling(rounding="stochastic")):
+            model(input_ids=_ids(9))
+
+
+@needs_fp8_grouped
+def test_block_scaling_runs_the_experts_one_fp8_gemm_each():
+    """Recipes the grouped ops do not cover run each expert as its own FP8 GEMM step."""
     from fp8mix.recipe import BlockScaling
     model = fp8mix.convert_model(_model("mixtral", seed=15), module_filter_fn=lambda m, fqn: "experts" in fqn)
-    with pytest.raises(NotImplementedError, match=r"FP8MixtralExperts.*BlockScaling"):
+    ids = _ids(9)
+    with torch.no_grad():
+        ref = model(input_ids=ids).logits
         with fp8mix.fp8_autocast(fp8_recipe=BlockScaling()):
-            model(input_ids=_ids(9))
+            got = model(input_ids=ids).logits
+    assert not torch.equal(got, ref)  # (FP8 ran)
+    assert (got - ref).norm() / ref.norm() < 0.1

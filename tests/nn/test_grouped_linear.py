@@ -256,10 +256,62 @@ def test_bad_arguments_and_recipes():
     gl, _ = _pair()
     with pytest.raises(ValueError, match=r"expected \(\.\.\., 48\)"):
         gl(torch.randn(31, K + 1), SPLITS[0])
-    for rec in (R.BlockScaling(), R.MXFP8BlockScaling(), R.DelayedScaling(fp8_format=fp8mix.Format.AUTO),
-                R.NVFP4BlockScaling(), R.Float8CurrentScaling(rounding="stochastic")):
+    for rec in (R.DelayedScaling(fp8_format=fp8mix.Format.AUTO), R.Float8CurrentScaling(rounding="stochastic")):
         with fp8mix.fp8_autocast(fp8_recipe=rec), pytest.raises(NotImplementedError, match="grouped GEMMs"):
             gl(torch.randn(31, K), SPLITS[0])
+    with fp8mix.fp8_autocast(fp8_recipe=R.BlockScaling(), monitor=fp8mix.Monitor(every=1)), \
+            pytest.raises(NotImplementedError, match="Monitor"):
+        gl(torch.randn(31, K), SPLITS[0])
+
+
+OTHER = [R.BlockScaling(), R.MXFP8BlockScaling(), R.RowwiseScaling(),
+         R.NVFP4BlockScaling(disable_stochastic_rounding=True, disable_rht=True, keep_last_layers_hp=0)]
+
+
+@pytest.mark.parametrize("rec", OTHER, ids=lambda r: type(r).__name__)
+def test_other_recipes_run_per_expert_bit_for_bit_fp8mix_linear(rec):
+    """Block, MX, rowwise and NVFP4: one fp8mix GEMM step per expert (a loop), each with the
+    expert's own FP8 state: outputs and gradients equal one fp8mix.Linear per expert."""
+    gl, lins = _pair()
+    k = 64  # (MX and NVFP4 need features that are multiples of their blocks: a wider layer)
+    torch.manual_seed(1)
+    gl = fp8mix.GroupedLinear(G, k, k)
+    lins = [fp8mix.Linear(k, k) for _ in range(G)]
+    for g, lin in enumerate(lins):
+        with torch.no_grad():
+            lin.weight.copy_(getattr(gl, f"weight{g}"))
+            lin.bias.copy_(getattr(gl, f"bias{g}"))
+    for step, splits in enumerate(SPLITS):
+        x = torch.randn(sum(splits), k)
+        x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+        with fp8mix.fp8_autocast(fp8_recipe=rec):
+            y = gl(x1, splits)
+            yr = torch.cat([lin(p) for lin, p in zip(lins, torch.split(x2, splits))])
+        y.square().sum().backward()
+        yr.square().sum().backward()
+        assert torch.equal(y, yr) and torch.equal(x1.grad, x2.grad), step
+        for g in range(G):
+            assert torch.equal(getattr(gl, f"weight{g}").grad, lins[g].weight.grad), (step, g)
+        assert not torch.equal(y, torch.cat([torch.nn.functional.linear(p, getattr(gl, f"weight{g}"),
+                                                                        getattr(gl, f"bias{g}"))
+                                             for g, p in enumerate(torch.split(x, splits))]))  # (it is FP8)
+
+
+def test_other_recipes_under_activation_checkpointing():
+    a = fp8mix.GroupedLinear(G, 64, 64)
+    b = fp8mix.GroupedLinear(G, 64, 64)
+    b.load_state_dict(a.state_dict())
+    for splits in SPLITS:
+        x = torch.randn(sum(splits), 64)
+        xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+        with fp8mix.fp8_autocast(fp8_recipe=R.BlockScaling()):
+            ya = a(xa, splits)
+            yb = checkpoint(lambda t: b(t, splits), xb, use_reentrant=False)
+        ya.square().sum().backward()
+        yb.square().sum().backward()
+        assert torch.equal(ya, yb) and torch.equal(xa.grad, xb.grad)
+        for g in range(G):
+            assert torch.equal(getattr(a, f"weight{g}").grad, getattr(b, f"weight{g}").grad)
 
 
 def test_weights_apart_and_a_stacked_3d_parameter_give_the_same_bits():
