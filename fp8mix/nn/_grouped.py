@@ -12,9 +12,13 @@ gives (tests/nn/test_grouped_linear.py holds them against fp8mix.Linear per expe
 
 Conventions that differ from fp8mix.Linear, because a group can be empty: an expert that
 receives no rows records nothing for its input and gradient roles (its weight is cast and
-recorded every training forward, as TE does). The other recipes (block, MX, rowwise,
-NVFP4), Format.AUTO, stochastic rounding, amax reduction over ranks and double backward
-raise NotImplementedError naming what is missing.
+recorded every training forward, as TE does).
+
+The other recipes (block, MX, rowwise, NVFP4) run each expert as its own fp8mix GEMM step
+(fp8mix.nn._forward.fp8_forward with GEMM gemm0 + g: a Python loop over the experts, bit
+for bit one fp8mix.Linear per expert). Format.AUTO, stochastic rounding of FP8 recipes, a
+Monitor with the looped recipes, amax reduction over ranks and double backward raise
+NotImplementedError naming what is missing.
 """
 from __future__ import annotations
 

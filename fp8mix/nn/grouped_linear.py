@@ -11,8 +11,9 @@ Parameters ``weight0 .. weight{G-1}`` and ``bias0 ..`` (TE's names and shapes). 
 fp8_autocast every group is nn.functional.linear of its rows, bit for bit. Inside, each
 expert is its own GEMM of the FP8 state (fp8_gemms = num_gemms: roles 3g, 3g+1, 3g+2 for
 expert g's input, weight and grad_output, as TE keeps num_gemms x 3 scaling factors):
-per-expert scales for the per-tensor recipes (delayed and current scaling), and the
-casts and GEMMs of all experts run as one C call each (fp8mix.nn._grouped).
+per-expert scales. For the per-tensor recipes (delayed and current scaling) the casts and
+GEMMs of all experts run as one C call each; block, MX, rowwise and NVFP4 run each expert
+as its own fp8mix GEMM step (fp8mix.nn._grouped).
 """
 from __future__ import annotations
 
