@@ -1,5 +1,5 @@
-"""Experiment 13: a tiny mixture-of-experts GPT — bf16 and FP8 (delayed, current) on
-fp8mix.GroupedLinear experts.
+"""Experiment 13: a tiny mixture-of-experts GPT — bf16, FP8 (delayed, current, block, MX)
+and NVFP4 on fp8mix.GroupedLinear experts.
 
 The byte-level GPT of experiment 12 with each block's MLP replaced by a top-2 mixture of
 4 experts (router nn.Linear(d, 4) in float32 — fewer than 16 outputs, so fp8mix keeps it
@@ -8,8 +8,9 @@ auxiliary load-balancing loss), the experts' two layers as fp8mix.GroupedLinear 
 grouped GEMM per layer, per-expert scales). The attention and head nn.Linears become
 fp8mix.Linear through convert_model as in every experiment. 3 seeds at one learning rate,
 gaps paired per seed against float32 and bf16 autocast with 95% Student-t intervals.
-Block, MX and NVFP4 recipes are not run here: GroupedLinear implements the per-tensor
-recipes only (fp8mix.nn._grouped).
+The per-tensor recipes run the experts through the grouped ops (one C call per step);
+block, MX and NVFP4 run each expert as its own fp8mix GEMM step (fp8mix.nn._grouped).
+NVFP4 as in experiment 12: every layer in 4 bits (``keep_last_layers_hp=0``).
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import fp8mix
-from fp8mix.recipe import DelayedScaling, Float8CurrentScaling
+from fp8mix.recipe import BlockScaling, DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling, NVFP4BlockScaling
 from fp8mix.tools import demo
 from fp8mix.tools.demo.model import Block
 
@@ -97,7 +98,11 @@ def moe_task() -> C.Task:
 def variants():
     return [C.FP32, C.Variant("bf16 autocast", "bf16", cache="bf16"),
             C.Variant("FP8 delayed (HYBRID)", "recipe", recipe=DelayedScaling(), monitor_every=0),
-            C.Variant("FP8 current (HYBRID)", "recipe", recipe=Float8CurrentScaling(), monitor_every=0)]
+            C.Variant("FP8 current (HYBRID)", "recipe", recipe=Float8CurrentScaling(), monitor_every=0),
+            C.Variant("FP8 block 1x128 / 128x128", "recipe", recipe=BlockScaling(), monitor_every=0),
+            C.Variant("MXFP8 1x32", "recipe", recipe=MXFP8BlockScaling(), monitor_every=0),
+            C.Variant("NVFP4 (RHT, SR, 2-D weights)", "recipe", recipe=NVFP4BlockScaling(keep_last_layers_hp=0),
+                      monitor_every=0)]
 
 
 def main(quick: bool) -> C.Section:
@@ -120,14 +125,16 @@ def main(quick: bool) -> C.Section:
     verdict = ("**No recipe's gap to float32 is distinguishable from zero with 3 seeds** (every 95% interval "
                "contains 0)" if not apart else
                "**Gaps distinguishable from zero: " + ", ".join(f"{k} {E12.fmt_gap(gaps[k])}%" for k in apart) + "**")
-    verdict += (". The experts' GEMMs are fp8mix.GroupedLinear's grouped FP8 GEMMs (per-expert scales); "
-                "intervals are 95% Student-t over the paired seeds; s / run is wall time on a shared machine.")
+    verdict += (". The experts have per-expert scales (grouped ops for delayed / current, one GEMM step per "
+                "expert for block / MX / NVFP4); intervals are 95% Student-t over the paired seeds; s / run is "
+                "wall time on a shared machine (MX and NVFP4 run scalar-heavy GEMMs).")
     body = "\n".join([
         f"MoE GPT: {task.desc}. Runs: {C.runs_text(m, seeds=SEEDS, lrs=(LR,))}. Every variant from the same "
         "initial weights on the same batches; gaps are 100 (L - L_ref) / L_ref of the final loss (mean of the last "
         "10% of steps), paired per seed, mean ± the 95% half-width.", "", C.md_table(rows), f"![exp13]({plot})", "",
         verdict, ""])
-    return C.Section(13, "A tiny mixture of experts: bf16 and FP8 on GroupedLinear experts", body, rows, [plot],
+    return C.Section(13, "A tiny mixture of experts: bf16, FP8 (delayed, current, block, MX) and NVFP4", body, rows,
+                     [plot],
                      time.perf_counter() - t0)
 
 
