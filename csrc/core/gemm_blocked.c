@@ -34,18 +34,22 @@
 #include "gemm_internal.h"
 
 /* Block sizes, in values (float32 words or bf16 pairs' halves):
- *   KC = SLIVER_VALUES / NR   K step: the kernel's B sliver (KC x NR) fills 32 KiB
- *                             of L1 as float32; a multiple of 128 (block scales)
+ *   KC = SLIVER_VALUES / NR   K step (at most KC_MAX, a multiple of 128 for block
+ *                             scales): 512 for every kernel so far
  *   MC = ABLOCK_VALUES / KC   rows of an A block (rounded to the kernel's MR)
  *   NC                        columns of a B panel
- * A longer K step amortises each C tile's load and store over more FMAs: on a
- * Zen 3 EPYC (AVX2, 6x16 tiles) KC 512 ran a 1024^3 GEMM 4% faster than 256
- * (88 -> 91.5 GFLOP/s), with MC 72 rather than 144 (the A block's size kept).
+ * A longer K step amortises each C tile's load and store over more FMAs, and a
+ * tile's first FMAs wait for its C loads (C rows 4-8 KiB apart share a few L1
+ * sets, so C comes from L2): on a Zen 3 EPYC (AVX2, 6x16 tiles) KC 512 ran a
+ * 1024^3 GEMM 4% faster than 256 (88 -> 91.5 GFLOP/s), with MC 72 rather than
+ * 144 (the A block's size kept); on a Sapphire Rapids class Xeon (AVX-512, 14x32
+ * tiles, B sliver 64 KiB for a 48 KiB L1) 512 ran 2048^3 3-4% faster than 256 on
+ * one thread and 7-8% on two (paired runs); 1024 and 2048 were no faster.
  * NC: 1024 columns ran 1.6-3.9% faster than 2048 on a Xeon with 2 MiB of L2
  * (paired runs, 2048^3, KC 256), and 1-2% faster than 512 on the EPYC (512 KiB
  * of L2); a narrower panel packs A once more per chunk.  None of the sizes
  * changes a sum: a K run is never split by the tiling. */
-#define SLIVER_VALUES 8192
+#define SLIVER_VALUES 16384
 #define KC_MAX 512            /* (bounds the per-block scale buffer below)      */
 #define ABLOCK_VALUES (144 * 256)
 #define NC 1024
@@ -71,6 +75,8 @@ typedef struct plan {
     int64_t kcmax;             /* the K step (KC)                                */
     int block;                 /* BLOCK scales                                   */
     int mx;                    /* MX scales (32-deep K runs)                     */
+    int mx_scaled;             /* MX on panels packed times their scales (the
+                                  kernel's fn_mx_scaled; mx_prescalable)          */
     int fused_epi;             /* whole tiles' epilogue in the last microkernel  */
     int64_t nkb, nnb;          /* BLOCK / MX: scale blocks along K; BLOCK: along N */
     /* the current column chunk and K step */
@@ -200,6 +206,39 @@ static inline int mx_pow2(mx_range a, mx_range b)
     return a.lo <= a.hi && b.lo <= b.hi && a.lo + b.lo - 127 >= 1 && a.hi + b.hi - 127 <= 254;
 }
 
+/* Whether the n MX scales at s allow fn_mx_scaled: each a power of two in [2^-45, 2^45]
+ * (biased exponent 82 .. 172, no mantissa bit).  Then a packed value times its scale
+ * (FP8 magnitudes lie in [2^-16, 2^16)) is normal, each product of two in [2^-122,
+ * 2^122] (FP8 products are multiples of 2^-32 below 2^32) and each 32-deep partial sum
+ * under 2^127: no rounding ever meets the subnormal range or overflows, where scaling by
+ * a power of two would not commute with it. */
+static int mx_prescalable(const float *s, int64_t n)
+{
+    uint32_t bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, s + i, sizeof u);
+        bad |= (u & 0x807FFFFFu) | (uint32_t)((u >> 23) - 82u > 90u);
+    }
+    return bad == 0;
+}
+
+/* A packed float32 panel (w lanes, pl->kce slots) times its MX scales sc[q * w + r]
+ * (mx_scales' layout): slot t holds k = t ^ 1, in the same 32-deep block q = t / 32.
+ * Exact where mx_prescalable holds. */
+static void mx_prescale(const plan *pl, uint32_t *panel, int64_t w, const float *sc)
+{
+    float *v = (float *)panel;
+    if (pl->uk->mx_prescale) {
+        pl->uk->mx_prescale(v, pl->kce, w, sc);
+        return;
+    }
+    for (int64_t t = 0; t < pl->kce; t++) {
+        const float *s = sc + (t / FP8MIX_MX_BLOCK) * w;
+        for (int64_t r = 0; r < w; r++) v[t * w + r] *= s[r];
+    }
+}
+
 static void pack_b_task(void *ctx, int64_t s, int worker)
 {
     (void)worker;
@@ -220,6 +259,7 @@ static void pack_b_task(void *ctx, int64_t s, int worker)
     else
         pl->uk->pack_krows(g->b + j * g->ldb + pl->pc, g->ldb, nv, (int)pl->nr, pl->kc, g->fmt_b,
                            pl->uk->bf16, dst);
+    if (pl->mx_scaled) mx_prescale(pl, dst, pl->nr, pl->mxsb + s * pl->mxq * pl->nr);
 }
 
 /* MX scales over the K step of one tile (C at c, stride ld; sa, sb its rows' and
@@ -231,6 +271,10 @@ static void run_mx(const plan *pl, const uint32_t *as, const uint32_t *bs, const
 {
     const fp8mix_gemm_ukernel *uk = pl->uk;
     int64_t mr = pl->mr, nr = pl->nr, nq = ceil_div(pl->kc, FP8MIX_MX_BLOCK);
+    if (pl->mx_scaled) {
+        uk->fn_mx_scaled(pl->kce, as, bs, c, ld, load, sa, sb);
+        return;
+    }
     if (uk->fn_mx) {
         (pow2 && uk->fn_mx_pow2 ? uk->fn_mx_pow2 : uk->fn_mx)(pl->kce, as, bs, c, ld, load, sa, sb);
         return;
@@ -330,11 +374,12 @@ static void compute_task(void *ctx, int64_t t, int worker)
         }
         if (g->a_layout == FP8MIX_A_KM) {
             pack_kcols(g->a + pl->pc * g->lda + i, g->lda, nv, (int)mr, pl->kc, g->fmt_a, pl->uk->bf16, dst);
-            continue;
+        } else {
+            const uint8_t *a = g->a + i * g->lda + pl->pc;
+            if (p + 1 < npan) prefetch_rows(a + mr * g->lda, g->lda, min64(mr, mcc - (p + 1) * mr), pl->kc);
+            pack_krows(a, g->lda, nv, (int)mr, pl->kc, g->fmt_a, pl->uk->bf16, dst);
         }
-        const uint8_t *a = g->a + i * g->lda + pl->pc;
-        if (p + 1 < npan) prefetch_rows(a + mr * g->lda, g->lda, min64(mr, mcc - (p + 1) * mr), pl->kc);
-        pack_krows(a, g->lda, nv, (int)mr, pl->kc, g->fmt_a, pl->uk->bf16, dst);
+        if (pl->mx_scaled) mx_prescale(pl, dst, mr, msa + p * pl->mxq * mr);
     }
     for (int64_t s = s0; s < s1; s++) {
         int64_t j = pl->jc + s * nr;
@@ -483,6 +528,8 @@ fp8mix_status fp8mix_gemm_blocked_with(const fp8mix_gemm_args *g, const fp8mix_g
     pl.mx = g->scale_a_kind == FP8MIX_MM_SCALE_MX;
     pl.fused_epi = uk->fn_final && !pl.block && fp8mix_gemm_epilogue_simple(g);
     pl.nkb = ceil_div(K, pl.mx ? FP8MIX_MX_BLOCK : FP8MIX_BLOCK);
+    pl.mx_scaled = pl.mx && uk->fn_mx_scaled && !uk->bf16 && mx_prescalable(g->scale_a, M * pl.nkb) &&
+                   mx_prescalable(g->scale_b, N * pl.nkb);
     pl.nnb = ceil_div(N, FP8MIX_BLOCK);
     pl.kcmax = kc_for(uk);
     size_t got = 0, bytes = plan_sizes(&pl, workers);

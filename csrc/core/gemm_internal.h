@@ -85,6 +85,10 @@ typedef void (*fp8mix_gemm_ukernel_blocks_fn)(int64_t kc, const void *a, const v
 typedef void (*fp8mix_gemm_ukernel_mx_fn)(int64_t kc, const void *a, const void *b, float *c, int64_t ldc,
                                           int load_c, const float *sa, const float *sb);
 
+/* fn_mx_scaled's packing step: a float32 panel of `slots` slots of w values (slot t
+ * holds k = t ^ 1) times its MX scales, panel[t * w + r] *= sc[(t / 32) * w + r]. */
+typedef void (*fp8mix_gemm_mx_prescale_fn)(float *panel, int64_t slots, int64_t w, const float *sc);
+
 typedef struct fp8mix_gemm_ukernel {
     int mr, nr;            /* tile; nr divides 128 (block scales) */
     int bf16;              /* packed panels hold bf16 pairs       */
@@ -106,6 +110,23 @@ typedef struct fp8mix_gemm_ukernel {
                                              bits: bits(sa) + bits(sb) - bits(1.0f),
                                              what the multiply rounds to there), which
                                              frees the multiply port for the products */
+    fp8mix_gemm_ukernel_mx_fn fn_mx_scaled; /* NULL: none; else fn_mx's sums on float32
+                                               panels packed already multiplied by their MX
+                                               scales (row i of A's block q by sa[i][q],
+                                               column j of B's by sb[j][q]; sa and sb are
+                                               not read): part = +0 + the block's products,
+                                               C = (load_c || q > 0 ? C : +0) + part.  The
+                                               driver uses it only where every scale is a
+                                               power of two in [2^-45, 2^45]
+                                               (gemm_blocked.c's mx_prescalable): there
+                                               each product and partial sum is exactly
+                                               sa * sb times the unscaled one (normal
+                                               powers of two commute with rounding where
+                                               nothing leaves the normal range), so the
+                                               bits are fn_mx's, with one add per output
+                                               and block instead of a multiply and add */
+    fp8mix_gemm_mx_prescale_fn mx_prescale; /* with fn_mx_scaled: the panels' multiply
+                                               (NULL: the driver's plain loop) */
 } fp8mix_gemm_ukernel;
 
 /* The portable kernels (the scalar ISA's, and the oracles of the SIMD ones):
@@ -134,6 +155,9 @@ void fp8mix_gemm_ukernel_f32_14x32__avx512(int64_t kc, const void *a, const void
                                            const float *rs);
 void fp8mix_gemm_ukernel_mx_f32_14x32__avx512(int64_t kc, const void *a, const void *b, float *c, int64_t ldc,
                                               int load_c, const float *sa, const float *sb);
+void fp8mix_gemm_ukernel_mx_scaled_f32_14x32__avx512(int64_t kc, const void *a, const void *b, float *c, int64_t ldc,
+                                                     int load_c, const float *sa, const float *sb);
+void fp8mix_gemm_mx_prescale__avx512(float *panel, int64_t slots, int64_t w, const float *sc);
 void fp8mix_gemm_ukernel_mx_pow2_f32_14x32__avx512(int64_t kc, const void *a, const void *b, float *c, int64_t ldc,
                                                    int load_c, const float *sa, const float *sb);
 void fp8mix_gemm_ukernel_mx_bf16_14x32__avx512bf16(int64_t kc, const void *a, const void *b, float *c, int64_t ldc,

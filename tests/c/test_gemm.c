@@ -424,6 +424,35 @@ static void test_mx_pow2(void)
         }
 }
 
+/* MX scales that allow the prescaled mode (fn_mx_scaled: every scale a power of two in
+ * [2^-45, 2^45], the panels packed times their scales) at the ends of that range, over
+ * several K steps (K 1100: a partial last block), E5M2 operands whose products span
+ * 2^-32 .. 2^30: bit for bit fp8mix_gemm_mx through every kernel and ISA.  Then one
+ * scale just outside the range (2^46, 2^-46) in a late block, which sends the whole
+ * GEMM back to the other modes, and scale products of 2^110 and 2^-120 everywhere, where
+ * a scaled panel's partial sums would overflow or turn subnormal (a driver that prescaled
+ * there differs). */
+static void test_mx_prescaled(void)
+{
+    static const int64_t shapes[][3] = {{31, 1100, 70}, {14, 545, 33}};
+    for (int s = 0; s < 2; s++)
+        for (int mode = 0; mode < 5; mode++) {
+            problem p;
+            make_problem(&p, shapes[s][0], shapes[s][1], shapes[s][2], FP8MIX_E5M2, (fp8mix_format)(mode & 1),
+                         (fp8mix_b_layout)((s + mode) & 1), FP8MIX_MM_SCALE_MX, mode & 1, FP8MIX_F32,
+                         FP8MIX_ACCUM_FP32, 0);
+            static const int ends[] = {-45, 45, -44, 44, 0};
+            for (int64_t i = 0; i < p.nsa; i++) p.sa[i] = pow2_scale(ends[rnd() % 5]);
+            for (int64_t i = 0; i < p.nsb; i++) p.sb[i] = pow2_scale(ends[rnd() % 5]);
+            if (mode == 1) p.sa[p.nsa - 1] = pow2_scale(46);
+            if (mode == 2) p.sb[p.nsb / 2] = pow2_scale(-46);
+            for (int64_t i = 0; mode >= 3 && i < p.nsa; i++) p.sa[i] = pow2_scale(mode == 3 ? 55 : -60);
+            for (int64_t i = 0; mode >= 3 && i < p.nsb; i++) p.sb[i] = pow2_scale(mode == 3 ? 55 : -60);
+            check_problem(&p, 1, 0);
+            free_problem(&p);
+        }
+}
+
 /* bf16 / f16 output with many rows: the float32 accumulator is capped, so the
  * columns come in several chunks. */
 static void test_acc_chunks(void)
@@ -862,6 +891,7 @@ int main(void)
     test_row_tensor_scales();
     test_mx_shapes();
     test_mx_pow2();
+    test_mx_prescaled();
     test_amx_kernel();
     test_native_order();
     test_acc_chunks();
