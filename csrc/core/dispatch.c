@@ -172,9 +172,9 @@ const fp8mix_fused_kernels *fp8mix_fused_kernels_active(void)
 }
 
 /* ---- GEMM microkernels ----------------------------------------------------
- * Every x86 variant packs with the AVX2 decoder and finishes tiles with the
- * AVX2 epilogue: both are a small part of the work, and AVX2 is part of every
- * ISA level above scalar. */
+ * The x86 variants pack with the AVX2 decoder (the float32 AVX-512 kernel: the AVX-512
+ * one) and finish tiles with the AVX2 epilogue, a small part of the work; AVX2 is part
+ * of every ISA level above scalar. */
 
 static const fp8mix_gemm_ukernel uk_scalar = {4, 16, 0, fp8mix_gemm_ukernel_f32_4x16_ref,
                                               fp8mix_gemm_pack_krows_ref, fp8mix_gemm_pack_kcols_ref,
@@ -187,8 +187,9 @@ static const fp8mix_gemm_ukernel uk_avx2 = {6, 16, 0, fp8mix_gemm_ukernel_f32_6x
                                             fp8mix_gemm_ukernel_blocks_f32_6x16__avx2,
                                             fp8mix_gemm_ukernel_mx_f32_6x16__avx2, 0, NULL, NULL, NULL, NULL, NULL};
 static const fp8mix_gemm_ukernel uk_avx512 = {14, 32, 0, fp8mix_gemm_ukernel_f32_14x32__avx512,
-                                              fp8mix_gemm_pack_krows__avx2, fp8mix_gemm_pack_kcols__avx2,
-                                              fp8mix_gemm_scale_rows__avx2, "f32_14x32__avx512", NULL, NULL,
+                                              fp8mix_gemm_pack_krows__avx512, fp8mix_gemm_pack_kcols__avx512,
+                                              fp8mix_gemm_scale_rows__avx2, "f32_14x32__avx512",
+                                              fp8mix_gemm_ukernel_final_f32_14x32__avx512, NULL,
                                               fp8mix_gemm_ukernel_mx_f32_14x32__avx512, 0, NULL, NULL,
                                               fp8mix_gemm_ukernel_mx_pow2_f32_14x32__avx512,
                                               fp8mix_gemm_ukernel_mx_scaled_f32_14x32__avx512,

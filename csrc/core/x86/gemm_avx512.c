@@ -45,8 +45,21 @@
 #define TILE14_ASM(X) X(0, 1) X(2, 3) X(4, 5) X(6, 7) X(8, 9) X(10, 11) X(12, 13) X(14, 15) X(16, 17) \
     X(18, 19) X(20, 21) X(22, 23) X(24, 25) X(26, 27)
 
-/* C (+)= A panel x B sliver over kc k-steps, C loaded first when load_c. */
-static void tile14_asm(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int load_c)
+/* The final store with the epilogue's common case: row r times s[r] (zmm30), then plus
+ * the bias row (zmm28-29) when there is one; acc the first operand, as in scale_rows. */
+#define SSTORE_ASM(r0, r1) "vbroadcastss " #r0 "*2(%[s]), %%zmm30\n\t"                                     \
+    "vmulps %%zmm30, %%zmm" #r0 ", %%zmm" #r0 "\n\t" "vmulps %%zmm30, %%zmm" #r1 ", %%zmm" #r1 "\n\t"   \
+    CSTORE_ASM(r0, r1)
+#define BSTORE_ASM(r0, r1) "vbroadcastss " #r0 "*2(%[s]), %%zmm30\n\t"                                     \
+    "vmulps %%zmm30, %%zmm" #r0 ", %%zmm" #r0 "\n\t" "vmulps %%zmm30, %%zmm" #r1 ", %%zmm" #r1 "\n\t"   \
+    "vaddps %%zmm28, %%zmm" #r0 ", %%zmm" #r0 "\n\t" "vaddps %%zmm29, %%zmm" #r1 ", %%zmm" #r1 "\n\t"   \
+    CSTORE_ASM(r0, r1)
+
+/* C (+)= A panel x B sliver over kc k-steps, C loaded first when load_c; with s (MR
+ * values) the stored tile is C = s[r] * acc (+ bias[c] when bias is not NULL): the
+ * fn_final contract. */
+static void tile14_asm(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int load_c,
+                       const float *s, const float *bias)
 {
     int64_t ld = ldc * (int64_t)sizeof(float), n4 = kc / 4, n1 = kc % 4;
     float *p = c;
@@ -62,6 +75,7 @@ static void tile14_asm(int64_t kc, const float *a, const float *b, float *c, int
         "2:\n\t"
         "testq %[n4], %[n4]\n\t"
         "jz 4f\n\t"
+        ".p2align 6\n\t" /* unaligned (a copy of this block in another function) it ran 10-20% slower */
         "3:\n\t"
         KSTEP14_ASM(0, 0) KSTEP14_ASM(128, 56) KSTEP14_ASM(256, 112) KSTEP14_ASM(384, 168)
         "addq $224, %[a]\n\t"
@@ -79,10 +93,23 @@ static void tile14_asm(int64_t kc, const float *a, const float *b, float *c, int
         "jnz 5b\n\t"
         "6:\n\t"
         "movq %[c], %[p]\n\t"
+        "testq %[s], %[s]\n\t"
+        "jnz 7f\n\t"
         TILE14_ASM(CSTORE_ASM)
+        "jmp 9f\n\t"
+        "7:\n\t"
+        "testq %[bias], %[bias]\n\t"
+        "jnz 8f\n\t"
+        TILE14_ASM(SSTORE_ASM)
+        "jmp 9f\n\t"
+        "8:\n\t"
+        "vmovups (%[bias]), %%zmm28\n\t"
+        "vmovups 64(%[bias]), %%zmm29\n\t"
+        TILE14_ASM(BSTORE_ASM)
+        "9:\n\t"
         "vzeroupper\n\t"
         : [a] "+&r"(a), [b] "+&r"(b), [n4] "+&r"(n4), [n1] "+&r"(n1), [p] "+&r"(p)
-        : [c] "r"(c), [ld] "r"(ld), [load] "r"(load_c)
+        : [c] "r"(c), [ld] "r"(ld), [load] "r"(load_c), [s] "r"(s), [bias] "r"(bias)
         : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11",
           "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22",
           "xmm23", "xmm24", "xmm25", "xmm26", "xmm27", "xmm28", "xmm29", "xmm30", "cc", "memory");
@@ -143,7 +170,16 @@ void fp8mix_gemm_ukernel_f32_14x32__avx512(int64_t kc, const void *ap, const voi
     if (rs)
         tile14_scaled(kc, a, b, c, ldc, load_c, rs);
     else
-        tile14_asm(kc, a, b, c, ldc, load_c);
+        tile14_asm(kc, a, b, c, ldc, load_c, NULL, NULL);
+}
+
+/* The last K step of a whole tile with the epilogue's common case in its store
+ * (gemm_internal.h's fn_final): no second pass over the tile. */
+void fp8mix_gemm_ukernel_final_f32_14x32__avx512(int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc,
+                                                 int load_c, const float *s, const float *bias)
+{
+    mx14_prefetch_next_tile(c, ldc);
+    tile14_asm(kc, (const float *)ap, (const float *)bp, c, ldc, load_c, s, bias);
 }
 
 /* One k-step of 7 rows in assembly: the B row (two vectors) at byte offset OB of b,
@@ -248,6 +284,7 @@ static void mx_scaled_asm(int64_t kc, const float *a, const float *b, float *o)
         "1:\n\t"
         TILE14_ASM(CZERO_ASM)
         "movq $8, %[n4]\n\t"
+        ".p2align 6\n\t"
         "2:\n\t"
         KSTEP14_ASM(0, 0) KSTEP14_ASM(128, 56) KSTEP14_ASM(256, 112) KSTEP14_ASM(384, 168)
         "addq $224, %[a]\n\t"
