@@ -110,17 +110,32 @@ def load_average() -> str:
     return f"{a[0]:.2f} {a[1]:.2f} {a[2]:.2f} on {os.cpu_count()} CPUs"
 
 
+def gemm_kernel_class() -> str:
+    """What fp8mix's native CPU GEMM multiplies with on this machine, which decides the speed
+    targets: 'amx' (AMX tiles), 'bf16' (AVX512-BF16 vdpbf16ps, chosen only where it runs faster
+    than float32 FMA: two products per lane) or 'fma' (float32 FMA: an exact FP8 GEMM can be
+    at most as fast as a float32 GEMM; so on AVX2 CPUs, and on AVX-512 BF16 cores whose
+    vdpbf16ps runs at half the FMA rate, as on the Sapphire Rapids class Xeons seen here)."""
+    import fp8mix
+
+    name = fp8mix.gemm_kernel("native")
+    return "amx" if "amx" in name else "bf16" if name.startswith("bf16") else "fma"
+
+
 def header_lines(fp8mix_isa: str) -> List[str]:
     """Markdown bullet lines describing the machine and the ISAs in effect."""
     import datetime
 
     import torch
 
+    import fp8mix
+
     capped = all(os.environ.get(k) == v for k, v in AVX2_ENV.items())
     return [
         f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}",
         f"- cpu: {cpu_model()} ({os.cpu_count()} logical CPUs); load average at start: {load_average()}",
-        f"- fp8mix ISA: {fp8mix_isa}; torch {torch.__version__} kernels: {torch_isa()}"
+        f"- fp8mix ISA: {fp8mix_isa}; GEMM kernel {fp8mix.gemm_kernel('native')} (native order), "
+        f"{fp8mix.gemm_kernel('canonical')} (canonical); torch {torch.__version__} kernels: {torch_isa()}"
         + ("; capped to AVX2 (FP8MIX_MAX_ISA, ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA, MKL_ENABLE_INSTRUCTIONS)"
            if capped else ""),
         f"- python {platform.python_version()}",
@@ -159,8 +174,9 @@ def table_main(doc: str, argv, *, columns: Sequence[str], shapes: Callable[[bool
                extra: str = "") -> int:
     """main() of a benchmark that prints one table row per shape: ``--quick`` / ``--threads``,
     the machine's header (plus `extra` lines), the table of ``row(*shape, budget=, wide=) ->
-    (line, ok)`` (budget: budgets[0] with --quick, else budgets[1]; wide: the CPU has
-    AVX-512 BF16), the overall verdict; returns the exit status (0: PASS)."""
+    (line, ok)`` (budget: budgets[0] with --quick, else budgets[1]; wide: fp8mix's GEMM kernel
+    does more than one product per float32 FMA slot here, gemm_kernel_class), the overall
+    verdict; returns the exit status (0: PASS)."""
     import argparse
 
     import torch
@@ -177,7 +193,7 @@ def table_main(doc: str, argv, *, columns: Sequence[str], shapes: Callable[[bool
     print("|---" * len(columns) + "|")
     ok = True
     for shape in shapes(args.quick):
-        line, good = row(*shape, budget=budgets[0] if args.quick else budgets[1], wide=isa in ("avx512bf16", "amx"))
+        line, good = row(*shape, budget=budgets[0] if args.quick else budgets[1], wide=gemm_kernel_class() != "fma")
         print(line, flush=True)
         ok &= good
     print(f"\noverall: {verdict(ok)}")

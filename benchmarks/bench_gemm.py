@@ -11,9 +11,14 @@ blocks) and thread count it prints GFLOP/s (2*M*N*K / median time) of
   * fp8mix.scaled_mm(a8, w8.t(), scale_a, scale_b), float32 output,
   * torch.mm in float32 and in bfloat16 on the same shapes (x @ w.t()),
 timed in alternation in the same run (so that other load hits them alike), and the
-ratios against torch with a PASS/FAIL verdict (issue #17), by fp8mix's ISA:
-  * avx2 / avx512: fp8mix >= 0.95x torch float32 from 512^3 up;
-  * avx512bf16:    fp8mix >= 1.5x torch float32 and >= 0.9x torch bfloat16 from 512^3 up.
+ratios against torch with a PASS/FAIL verdict, by what fp8mix's GEMM kernel multiplies with
+here (fp8mix.gemm_kernel; _machine.gemm_kernel_class):
+  * float32 FMA (AVX2, AVX-512, and AVX-512 BF16 cores whose vdpbf16ps is no faster than FMA,
+    e.g. the Sapphire Rapids class Xeons seen here, bench_isa_limits.py): fp8mix >= 0.95x
+    torch float32 from 512^3 up (issues #17, #30 item 3);
+  * bf16 (vdpbf16ps at the FMA rate: two products per lane, e.g. Zen 4): >= 1.5x torch
+    float32 and >= 0.9x torch bfloat16 (issue #17);
+  * amx (AMX tiles): >= 4x torch float32 and >= 0.9x torch bfloat16 (issue #30 item 2).
 MX scales (1x32 blocks along K on both operands, `--scales ...,mx`) are judged against
 fp8mix's own per-tensor GEMM timed in the same rounds (issue #30 item 4): MX speed >=
 0.9x per-tensor speed (needs `tensor` in --scales).
@@ -41,7 +46,7 @@ import argparse  # noqa: E402
 import time  # noqa: E402
 
 import torch  # noqa: E402
-from _machine import bench_interleaved, header_lines, seconds_in_child, verdict  # noqa: E402
+from _machine import bench_interleaved, gemm_kernel_class, header_lines, seconds_in_child, verdict  # noqa: E402
 
 import fp8mix  # noqa: E402
 
@@ -58,9 +63,11 @@ def parse_shape(s: str):
     return n, n, n
 
 
-def targets(isa: str):
-    """(min ratio vs float32, min ratio vs bfloat16 or None) for fp8mix's ISA."""
-    if isa in ("avx512bf16", "amx"):  # (amx: the AVX512-BF16 CPUs that also have AMX)
+def targets(kernel_class: str):
+    """(min ratio vs float32, min ratio vs bfloat16 or None) for fp8mix's GEMM kernel class."""
+    if kernel_class == "amx":
+        return 4.0, 0.9
+    if kernel_class == "bf16":
         return 1.5, 0.9
     return 0.95, None
 
@@ -163,13 +170,14 @@ def main(argv=None):
     threads = [int(t) for t in args.threads.split(",")]
     isa = str(fp8mix.cpu_isa())
     native_bf16 = isa in ("avx512bf16", "amx") and not args.avx2
-    t32_target, t16_target = targets(isa)
+    kclass = gemm_kernel_class()
+    t32_target, t16_target = targets(kclass)
 
     t_run = time.time()
     print("# fp8mix.scaled_mm vs torch CPU GEMM\n")
     for line in header_lines(isa):
         print(line)
-    print(f"- target ({isa}): fp8mix >= {t32_target}x torch float32"
+    print(f"- target ({kclass} kernel): fp8mix >= {t32_target}x torch float32"
           + (f" and >= {t16_target}x torch bfloat16" if t16_target else "") + " from 512^3 up")
     print("- fp8mix: E4M3 x E4M3 -> float32, b = w.t(); torch.mm: x @ w.t(). GFLOP/s = 2MNK / median time; "
           "ratios of medians, fp8mix and torch timed in alternation; 'best-of' = ratio of the fastest reps\n")

@@ -64,7 +64,7 @@ def row(experts: int, hidden: int, out: int, tokens: int, budget: float, wide: b
     ok_f32 = tg <= 0.8 * t32
     line = (f"| {experts} x ({hidden} -> {out}), {rows} rows, min/max group {min(splits)}/{max(splits)} | "
             f"{t32 * 1e3:.1f} | {tbf / t32:.2f}x | {tloop / t32:.2f}x | {tg / t32:.2f}x | {tgc / t32:.2f}x | "
-            f"{tg / tloop:.2f}x {verdict(ok_loop)} | {verdict(ok_f32) if wide else 'n/a (no AVX-512 BF16)'} |")
+            f"{tg / tloop:.2f}x {verdict(ok_loop)} | {verdict(ok_f32) if wide else 'n/a (float32 FMA kernel)'} |")
     return line, ok_loop and (ok_f32 or not wide)
 
 

@@ -67,7 +67,7 @@ def row(experts: int, hidden: int, inter: int, tokens: int, budget: float, wide:
     ok_hp = thp <= 1.2 * te
     ok_fp8 = tfd <= 0.8 * tg
     sizes = torch.bincount(idx.flatten(), minlength=experts)
-    judged = verdict(ok_fp8) if wide else "(n/a: no AVX-512 BF16)"
+    judged = verdict(ok_fp8) if wide else "(n/a: float32 FMA kernel)"
     line = (f"| {experts} x ({hidden} -> 2x{inter} -> {hidden}), {tokens} tokens, group {int(sizes.min())}.."
             f"{int(sizes.max())} | {te * 1e3:.1f} | {tg / te:.2f}x | {thp / te:.2f}x {verdict(ok_hp)} | "
             f"{tfd / te:.2f}x | {tfc / te:.2f}x | {tfd / tg:.2f}x {judged} |")

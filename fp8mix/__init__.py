@@ -14,7 +14,7 @@ from .compat import FP8GlobalState, autocast, convert_module_to_fp8
 from .context import fp8_autocast, is_fp8_enabled
 from .formats import Format, Granularity, fp8_dtype, fp8_max
 from .gemm import scaled_mm
-from .gemm_order import get_gemm_order, order_from_env, set_gemm_order, using_gemm_order
+from .gemm_order import gemm_kernel, get_gemm_order, order_from_env, set_gemm_order, using_gemm_order
 from .grad_scaler import FP8GradScaler
 from .monitor import Monitor
 from .nn import (
@@ -51,7 +51,8 @@ __all__ = [
     "unconvert_model", "strip_fp8_state", "load_fp8_state", "checkpoint", "fp8_autocast", "autocast",
     "is_fp8_enabled", "nn", "nvfp4", "optim", "recipe", "compat", "cuda",
     "quantize", "dequantize", "amax", "cast_transpose", "scaled_mm",
-    "fp8_dtype", "fp8_max", "cpu_isa", "set_max_isa", "set_gemm_order", "get_gemm_order", "using_gemm_order",
+    "fp8_dtype", "fp8_max", "cpu_isa", "set_max_isa", "gemm_kernel", "set_gemm_order", "get_gemm_order",
+    "using_gemm_order",
     "__version__",
     "LayerNorm", "RMSNorm", "LayerNormLinear", "LayerNormMLP", "TransformerLayer", "convert_module_to_fp8",
     "FP8GlobalState",

@@ -23,7 +23,8 @@ from typing import Iterator
 
 from . import ops
 
-__all__ = ["ORDERS", "ENV_VAR", "DEFAULT", "set_gemm_order", "get_gemm_order", "using_gemm_order", "order_from_env"]
+__all__ = ["ORDERS", "ENV_VAR", "DEFAULT", "set_gemm_order", "get_gemm_order", "using_gemm_order", "order_from_env",
+           "gemm_kernel"]
 
 ORDERS = ("canonical", "native")  # index = the C code (fp8mix_gemm_order)
 ENV_VAR = "FP8MIX_GEMM_ORDER"
@@ -44,6 +45,18 @@ def set_gemm_order(order: str) -> None:
 def get_gemm_order() -> str:
     """The order in force: "canonical" or "native"."""
     return ORDERS[ops.get_gemm_order()]
+
+
+def gemm_kernel(order: str | None = None) -> str:
+    """The CPU GEMM microkernel that sums in `order` (default: the order in force) on this
+    CPU, under the current ISA cap (fp8mix.set_max_isa / FP8MIX_MAX_ISA). Its name says what
+    it multiplies with and its tile, e.g. ``"f32_14x32__avx512"`` (float32 FMA),
+    ``"bf16_14x32__avx512bf16"`` (AVX512-BF16 ``vdpbf16ps``, where that is faster than FMA),
+    ``"bf16_32x32__amx"`` (AMX tiles), ``"f32_6x16__avx2"``, ``"f32_4x16__scalar"``. A float32
+    FMA kernel bounds an FP8 GEMM at the CPU's float32 GEMM speed; a bf16 or AMX kernel
+    does two or more products per float32 FMA slot."""
+    code = ORDERS.index(_checked(order, "fp8mix.gemm_kernel")) if order is not None else ops.get_gemm_order()
+    return ops.gemm_kernel(code)
 
 
 @contextlib.contextmanager

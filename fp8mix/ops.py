@@ -29,7 +29,7 @@ _GCODE = {g: g.code for g in Granularity}
 
 __all__ = ["cast", "quantize_current", "quantize_mx", "amax", "compute_scale", "dequantize", "scaled_mm", "quant_stats",
            "delayed_cast", "delayed_record", "delayed_rescale", "delayed_flush", "grad_cast", "DelayedSpec",
-           "mm_scale_code", "cpu_isa", "set_max_isa", "set_gemm_order", "get_gemm_order", "scale_shape",
+           "mm_scale_code", "cpu_isa", "set_max_isa", "gemm_kernel", "set_gemm_order", "get_gemm_order", "scale_shape",
            "has_kernels", "NormKind", "Act", "norm_cast",
            "norm_delayed_cast", "act_cast", "act_delayed_cast", "linear_delayed_casts", "linear_current_casts",
            "linear_backward", "CudaHooks", "set_cuda_hooks", "QUANT_STATS_N",
@@ -431,6 +431,12 @@ def cpu_isa() -> str:
 def set_max_isa(name: str) -> None:
     """Cap the CPU kernels' instruction set (e.g. 'scalar' to run the portable path); process-wide."""
     _ops.set_max_isa(name)
+
+
+def gemm_kernel(code: int) -> str:
+    """The CPU GEMM microkernel's name for summation order `code` (0 canonical, 1 native) on
+    this CPU under the current ISA cap (fp8mix.gemm_order.gemm_kernel documents the names)."""
+    return _ops.gemm_kernel(code)
 
 
 def set_gemm_order(code: int) -> None:

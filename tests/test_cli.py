@@ -72,6 +72,13 @@ def test_demo_end_to_end(tmp_path, corpus):
         assert abs(x["train_curve"][0][1] - LN256) < 0.05
         assert x["final_val_loss"] < LN256 - 1.0, x["val_curve"]
     assert runs[2]["fp8"]["casts_checked"] > 0 and runs[0]["fp8"] is None
+    # each step beside bf16 autocast's: the "x bf16" column is step ms / bf16's step ms
+    assert "x bf16" in r.stdout
+    bf16_ms = runs[1]["step_ms_median"]
+    for x in runs:
+        row = next(line for line in r.stdout.splitlines() if line.startswith(x["run"] + " ")).split()
+        assert float(row[4]) == pytest.approx(x["step_ms_median"], abs=0.06)
+        assert float(row[5]) == pytest.approx(x["step_ms_median"] / bf16_ms, abs=0.006)
     csv_lines = (out / "loss_curves.csv").read_text().splitlines()
     assert csv_lines[0] == "run,step,split,loss,seed" and len(csv_lines) > 5 * 12
     assert "machine:" in r.stdout and "ETA:" in r.stdout  # the header names the ISA; the ETA comes first

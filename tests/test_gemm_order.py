@@ -54,6 +54,46 @@ def test_api_and_the_session_pin():
     assert fp8mix.get_gemm_order() == "canonical"
 
 
+def _cpu_flags() -> set:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def test_gemm_kernel_names_follow_the_isa_cap():
+    """fp8mix.gemm_kernel names the microkernel by what it multiplies with; the ISA cap
+    moves it down the ladder, and native equals canonical wherever AMX is not in use."""
+    assert fp8mix.gemm_kernel() == fp8mix.gemm_kernel("canonical")
+    with fp8mix.using_gemm_order("native"):
+        assert fp8mix.gemm_kernel() == fp8mix.gemm_kernel("native")
+    if fp8mix.cpu_isa() != "amx":
+        assert fp8mix.gemm_kernel("native") == fp8mix.gemm_kernel("canonical")
+    flags = _cpu_flags()
+    try:
+        fp8mix.set_max_isa("scalar")
+        assert fp8mix.gemm_kernel("canonical") == fp8mix.gemm_kernel("native") == "f32_4x16__scalar"
+        if {"avx2", "fma", "f16c"} <= flags:
+            fp8mix.set_max_isa("avx2")
+            assert fp8mix.gemm_kernel("native") == "f32_6x16__avx2"
+        if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags:
+            fp8mix.set_max_isa("avx512")
+            assert fp8mix.gemm_kernel("native") == "f32_14x32__avx512"
+            fp8mix.set_max_isa("avx512bf16")  # the bf16 kernel only where it is faster and exact
+            assert fp8mix.gemm_kernel("canonical") in ("f32_14x32__avx512", "bf16_14x32__avx512bf16")
+    finally:
+        fp8mix.set_max_isa("amx")
+    for bad in ("fast", 1):
+        with pytest.raises(ValueError, match="GEMM order must be one of"):
+            fp8mix.gemm_kernel(bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="order must be 0 .canonical. or 1 .native., got 7"):
+        fp8mix.ops.gemm_kernel(7)
+
+
 def _import_order(env_value):
     env = dict(os.environ)
     if env_value is None:

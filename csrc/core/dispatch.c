@@ -348,6 +348,13 @@ const fp8mix_gemm_ukernel *fp8mix_gemm_ukernel_active(void)
     return &uk_scalar;
 }
 
+const char *fp8mix_gemm_kernel_name(fp8mix_gemm_order order)
+{
+    if (order == FP8MIX_GEMM_NATIVE) return fp8mix_gemm_ukernel_native()->name;
+    if (order == FP8MIX_GEMM_CANONICAL) return fp8mix_gemm_ukernel_active()->name;
+    return NULL;
+}
+
 int fp8mix_gemm_ukernels(const fp8mix_gemm_ukernel **out, int max)
 {
     int n = 0;

@@ -468,6 +468,14 @@ typedef enum fp8mix_gemm_order {
     FP8MIX_GEMM_NATIVE = 1
 } fp8mix_gemm_order;
 
+/* The name of the microkernel fp8mix_gemm runs for ACCUM_FP32 in `order` on this CPU
+ * under the current ISA cap, e.g. "f32_14x32__avx512" (float32 FMA, 14 x 32 tiles),
+ * "bf16_14x32__avx512bf16" (vdpbf16ps), "bf16_32x32__amx" (AMX tiles), "f32_6x16__avx2",
+ * "f32_4x16__scalar"; what it sums with decides how fast an FP8 GEMM can be here (a
+ * float32 FMA kernel runs at most at float32 GEMM speed).  A static string; an unknown
+ * order gives NULL. */
+const char *fp8mix_gemm_kernel_name(fp8mix_gemm_order order);
+
 typedef enum fp8mix_accum {
     FP8MIX_ACCUM_FP32 = 0,   /* exact products, float32 accumulation           */
     FP8MIX_ACCUM_FP22 = 1    /* Hopper-like limited accumulator; see below      */

@@ -76,6 +76,7 @@ std::string cpu_isa();
 void set_max_isa(std::string name);
 void set_gemm_order(int64_t order);
 int64_t get_gemm_order();
+std::string gemm_kernel(int64_t order);
 
 // ---- fused_cpu.cpp: a norm or an activation written as FP8 ---------------------------
 Tensors7 norm_cast_cpu(const Tensor &x, const OptTensor &gamma, const OptTensor &beta, int64_t kind, double eps,

@@ -292,6 +292,15 @@ void set_gemm_order(int64_t order)
 
 int64_t get_gemm_order() { return g_gemm_order.load(std::memory_order_relaxed); }
 
+std::string gemm_kernel(int64_t order)
+{
+    const char *name = order == FP8MIX_GEMM_CANONICAL || order == FP8MIX_GEMM_NATIVE
+                           ? fp8mix_gemm_kernel_name((fp8mix_gemm_order)order)
+                           : nullptr;
+    TORCH_CHECK_VALUE(name, "fp8mix.gemm_kernel: order must be 0 (canonical) or 1 (native), got ", order);
+    return name;
+}
+
 Tensor scaled_mm_cpu(const Tensor &a, const Tensor &b, const Tensor &scale_a, const Tensor &scale_b,
                      const OptTensor &bias, OptDtype out_dtype, Str accumulate, int64_t promote_interval,
                      int64_t scale_kind_a, int64_t scale_kind_b)

@@ -131,6 +131,7 @@ TORCH_LIBRARY(fp8mix, m)
     // The CPU GEMMs' summation order (0 canonical, 1 native: fp8mix_gemm_order), set by fp8mix.gemm_order.
     m.def("set_gemm_order(int order) -> ()", &fp8mix_torch::set_gemm_order);
     m.def("get_gemm_order() -> int", &fp8mix_torch::get_gemm_order);
+    m.def("gemm_kernel(int order) -> str", &fp8mix_torch::gemm_kernel);
 #ifdef FP8MIX_WITH_CUDA
     // Ops that exist only in CUDA builds.
     m.def("delayed_scale_update(Tensor(a!)[] amax_history, Tensor[] amax, Tensor(b!)[] scale, "

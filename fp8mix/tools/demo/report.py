@@ -78,8 +78,9 @@ def _sum_fp8(parts: list):
 def format_table(results: list, on_cuda: bool) -> str:
     """The comparison table (fixed-width text), one row per entry of `results`."""
     ref = next((r for r in results if r["run"] == "fp32" and not r["diverged"]), None)
+    bf16 = next((r for r in results if r["run"] == "bf16" and r.get("step_ms_median")), None)
     mem = "peak CUDA MiB" if on_cuda else "saved MiB"
-    hdr = (f"{'run':<12} {'train loss':>10} {'val loss':>9} {'dval %':>7} {'step ms':>8} {mem:>13} "
+    hdr = (f"{'run':<12} {'train loss':>10} {'val loss':>9} {'dval %':>7} {'step ms':>8} {'x bf16':>6} {mem:>13} "
            f"{'sat casts':>11} {'ovf %':>6} {'unf %':>6}")
     lines = [hdr, "-" * len(hdr)]
     for r in results:
@@ -94,8 +95,10 @@ def format_table(results: list, on_cuda: bool) -> str:
             sat = "n/a" if f["saturated_casts"] is None else f"{f['saturated_casts']}/{f['casts_checked']}"
             ovf, unf = _pct(f["sampled_overflow_pct"]), _pct(f["sampled_underflow_pct"])
         status = "  DIVERGED" if r["diverged"] else ""
+        # the step beside bf16 autocast's (the speed a user would otherwise get): "-" without a bf16 run
+        xb = f"{r['step_ms_median'] / bf16['step_ms_median']:.2f}" if bf16 else "-"
         lines.append(f"{r['run']:<12} {r['final_train_loss']:>10.4f} {r['final_val_loss']:>9.4f} {dv:>7} "
-                     f"{r['step_ms_median']:>8.1f} {m:>13.1f} {sat:>11} {ovf:>6} {unf:>6}{status}")
+                     f"{r['step_ms_median']:>8.1f} {xb:>6} {m:>13.1f} {sat:>11} {ovf:>6} {unf:>6}{status}")
     return "\n".join(lines)
 
 
