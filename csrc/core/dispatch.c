@@ -193,7 +193,7 @@ static const fp8mix_gemm_ukernel uk_avx512 = {14, 32, 0, fp8mix_gemm_ukernel_f32
                                               fp8mix_gemm_ukernel_mx_f32_14x32__avx512, 0, NULL, NULL,
                                               fp8mix_gemm_ukernel_mx_pow2_f32_14x32__avx512,
                                               fp8mix_gemm_ukernel_mx_scaled_f32_14x32__avx512,
-                                              fp8mix_gemm_mx_prescale__avx512};
+                                              fp8mix_gemm_pack_mx__avx512};
 static const fp8mix_gemm_ukernel uk_avx512bf16 = {14, 32, 1, fp8mix_gemm_ukernel_bf16_14x32__avx512bf16,
                                                   fp8mix_gemm_pack_krows__avx2, fp8mix_gemm_pack_kcols__avx2,
                                                   fp8mix_gemm_scale_rows__avx2, "bf16_14x32__avx512bf16", NULL, NULL,

@@ -223,22 +223,6 @@ static int mx_prescalable(const float *s, int64_t n)
     return bad == 0;
 }
 
-/* A packed float32 panel (w lanes, pl->kce slots) times its MX scales sc[q * w + r]
- * (mx_scales' layout): slot t holds k = t ^ 1, in the same 32-deep block q = t / 32.
- * Exact where mx_prescalable holds. */
-static void mx_prescale(const plan *pl, uint32_t *panel, int64_t w, const float *sc)
-{
-    float *v = (float *)panel;
-    if (pl->uk->mx_prescale) {
-        pl->uk->mx_prescale(v, pl->kce, w, sc);
-        return;
-    }
-    for (int64_t t = 0; t < pl->kce; t++) {
-        const float *s = sc + (t / FP8MIX_MX_BLOCK) * w;
-        for (int64_t r = 0; r < w; r++) v[t * w + r] *= s[r];
-    }
-}
-
 static void pack_b_task(void *ctx, int64_t s, int worker)
 {
     (void)worker;
@@ -253,13 +237,13 @@ static void pack_b_task(void *ctx, int64_t s, int worker)
     }
     if (g->b_layout == FP8MIX_B_NK && j + pl->nr < g->n) /* the next sliver's columns */
         prefetch_rows(g->b + (j + pl->nr) * g->ldb + pl->pc, g->ldb, min64(pl->nr, g->n - j - pl->nr), pl->kc);
-    if (g->b_layout == FP8MIX_B_KN)
-        pl->uk->pack_kcols(g->b + pl->pc * g->ldb + j, g->ldb, nv, (int)pl->nr, pl->kc, g->fmt_b,
-                           pl->uk->bf16, dst);
+    const int kn = g->b_layout == FP8MIX_B_KN;
+    const uint8_t *src = kn ? g->b + pl->pc * g->ldb + j : g->b + j * g->ldb + pl->pc;
+    if (pl->mx_scaled)
+        pl->uk->pack_mx(src, g->ldb, nv, (int)pl->nr, pl->kc, g->fmt_b, kn, pl->mxsb + s * pl->mxq * pl->nr, dst);
     else
-        pl->uk->pack_krows(g->b + j * g->ldb + pl->pc, g->ldb, nv, (int)pl->nr, pl->kc, g->fmt_b,
-                           pl->uk->bf16, dst);
-    if (pl->mx_scaled) mx_prescale(pl, dst, pl->nr, pl->mxsb + s * pl->mxq * pl->nr);
+        (kn ? pl->uk->pack_kcols : pl->uk->pack_krows)(src, g->ldb, nv, (int)pl->nr, pl->kc, g->fmt_b, pl->uk->bf16,
+                                                       dst);
 }
 
 /* MX scales over the K step of one tile (C at c, stride ld; sa, sb its rows' and
@@ -372,14 +356,13 @@ static void compute_task(void *ctx, int64_t t, int worker)
             mx_range e = mx_scales(pl, g->scale_a, i, nv, mr, msa + p * pl->mxq * mr);
             if (ranges) ra[p] = e;
         }
-        if (g->a_layout == FP8MIX_A_KM) {
-            pack_kcols(g->a + pl->pc * g->lda + i, g->lda, nv, (int)mr, pl->kc, g->fmt_a, pl->uk->bf16, dst);
-        } else {
-            const uint8_t *a = g->a + i * g->lda + pl->pc;
-            if (p + 1 < npan) prefetch_rows(a + mr * g->lda, g->lda, min64(mr, mcc - (p + 1) * mr), pl->kc);
-            pack_krows(a, g->lda, nv, (int)mr, pl->kc, g->fmt_a, pl->uk->bf16, dst);
-        }
-        if (pl->mx_scaled) mx_prescale(pl, dst, mr, msa + p * pl->mxq * mr);
+        const int km = g->a_layout == FP8MIX_A_KM;
+        const uint8_t *a = km ? g->a + pl->pc * g->lda + i : g->a + i * g->lda + pl->pc;
+        if (!km && p + 1 < npan) prefetch_rows(a + mr * g->lda, g->lda, min64(mr, mcc - (p + 1) * mr), pl->kc);
+        if (pl->mx_scaled)
+            pl->uk->pack_mx(a, g->lda, nv, (int)mr, pl->kc, g->fmt_a, km, msa + p * pl->mxq * mr, dst);
+        else
+            (km ? pack_kcols : pack_krows)(a, g->lda, nv, (int)mr, pl->kc, g->fmt_a, pl->uk->bf16, dst);
     }
     for (int64_t s = s0; s < s1; s++) {
         int64_t j = pl->jc + s * nr;
@@ -528,7 +511,8 @@ fp8mix_status fp8mix_gemm_blocked_with(const fp8mix_gemm_args *g, const fp8mix_g
     pl.mx = g->scale_a_kind == FP8MIX_MM_SCALE_MX;
     pl.fused_epi = uk->fn_final && !pl.block && fp8mix_gemm_epilogue_simple(g);
     pl.nkb = ceil_div(K, pl.mx ? FP8MIX_MX_BLOCK : FP8MIX_BLOCK);
-    pl.mx_scaled = pl.mx && uk->fn_mx_scaled && !uk->bf16 && mx_prescalable(g->scale_a, M * pl.nkb) &&
+    pl.mx_scaled = pl.mx && uk->fn_mx_scaled && uk->pack_mx && !uk->bf16 && !uk->pack_a_krows &&
+                   mx_prescalable(g->scale_a, M * pl.nkb) &&
                    mx_prescalable(g->scale_b, N * pl.nkb);
     pl.nnb = ceil_div(N, FP8MIX_BLOCK);
     pl.kcmax = kc_for(uk);

@@ -147,6 +147,9 @@ void fp8mix_gemm_epilogue_rows(const fp8mix_gemm_args *g, fp8mix_gemm_scale_rows
 {
     /* The common case with its decisions taken once per tile, not once per row: at
      * small shapes the per-row checks cost more than the arithmetic. */
+    if (g->out_t == FP8MIX_F32 && !g->bias && vals == (float *)g->out + i0 * g->ldo + j0 && ldv == g->ldo &&
+        (g->scale_a_kind == FP8MIX_MM_SCALE_BLOCK || g->scale_a_kind == FP8MIX_MM_SCALE_MX))
+        return; /* block / MX sums into the float32 output itself: already final */
     if (fp8mix_gemm_epilogue_simple(g)) {
         const int per_row = g->scale_a_kind == FP8MIX_MM_SCALE_OUTER;
         simple((float *)g->out + i0 * g->ldo + j0, g->ldo, vals, ldv, rows, n, g->scale_a + (per_row ? i0 : 0),

@@ -85,9 +85,11 @@ typedef void (*fp8mix_gemm_ukernel_blocks_fn)(int64_t kc, const void *a, const v
 typedef void (*fp8mix_gemm_ukernel_mx_fn)(int64_t kc, const void *a, const void *b, float *c, int64_t ldc,
                                           int load_c, const float *sa, const float *sb);
 
-/* fn_mx_scaled's packing step: a float32 panel of `slots` slots of w values (slot t
- * holds k = t ^ 1) times its MX scales, panel[t * w + r] *= sc[(t / 32) * w + r]. */
-typedef void (*fp8mix_gemm_mx_prescale_fn)(float *panel, int64_t slots, int64_t w, const float *sc);
+/* fn_mx_scaled's packing: pack_krows (kcols 0) or pack_kcols (kcols 1) with each packed
+ * value of 32-deep block q in lane r times sc[q * w + r] (mx_scales' layout; exact where
+ * fn_mx_scaled is used), in the same pass. */
+typedef void (*fp8mix_gemm_pack_mx_fn)(const uint8_t *src, int64_t ld, int nv, int w, int64_t kc, fp8mix_format fmt,
+                                       int kcols, const float *sc, void *dst);
 
 typedef struct fp8mix_gemm_ukernel {
     int mr, nr;            /* tile; nr divides 128 (block scales) */
@@ -125,8 +127,7 @@ typedef struct fp8mix_gemm_ukernel {
                                                nothing leaves the normal range), so the
                                                bits are fn_mx's, with one add per output
                                                and block instead of a multiply and add */
-    fp8mix_gemm_mx_prescale_fn mx_prescale; /* with fn_mx_scaled: the panels' multiply
-                                               (NULL: the driver's plain loop) */
+    fp8mix_gemm_pack_mx_fn pack_mx;         /* with fn_mx_scaled: its panels' packing */
 } fp8mix_gemm_ukernel;
 
 /* The portable kernels (the scalar ISA's, and the oracles of the SIMD ones):
@@ -159,7 +160,6 @@ void fp8mix_gemm_ukernel_final_f32_14x32__avx512(int64_t kc, const void *a, cons
                                                  int load_c, const float *s, const float *bias);
 void fp8mix_gemm_ukernel_mx_scaled_f32_14x32__avx512(int64_t kc, const void *a, const void *b, float *c, int64_t ldc,
                                                      int load_c, const float *sa, const float *sb);
-void fp8mix_gemm_mx_prescale__avx512(float *panel, int64_t slots, int64_t w, const float *sc);
 void fp8mix_gemm_ukernel_mx_pow2_f32_14x32__avx512(int64_t kc, const void *a, const void *b, float *c, int64_t ldc,
                                                    int load_c, const float *sa, const float *sb);
 void fp8mix_gemm_ukernel_mx_bf16_14x32__avx512bf16(int64_t kc, const void *a, const void *b, float *c, int64_t ldc,
@@ -176,6 +176,8 @@ void fp8mix_gemm_pack_kcols__avx2(const uint8_t *src, int64_t ld, int nv, int w,
                                   fp8mix_format fmt, int bf16, void *dst);
 void fp8mix_gemm_pack_krows__avx512(const uint8_t *src, int64_t ld, int nv, int w, int64_t kc,
                                   fp8mix_format fmt, int bf16, void *dst);
+void fp8mix_gemm_pack_mx__avx512(const uint8_t *src, int64_t ld, int nv, int w, int64_t kc, fp8mix_format fmt,
+                                 int kcols, const float *sc, void *dst);
 void fp8mix_gemm_pack_kcols__avx512(const uint8_t *src, int64_t ld, int nv, int w, int64_t kc,
                                   fp8mix_format fmt, int bf16, void *dst);
 void fp8mix_gemm_scale_rows__avx2(float *out, int64_t ldo, const float *vals, int64_t ldv, int64_t rows, int64_t n,

@@ -336,42 +336,4 @@ void fp8mix_gemm_ukernel_mx_scaled_f32_14x32__avx512(int64_t kc, const void *ap,
     }
 }
 
-/* fn_mx_scaled's panels: slots of w floats times their 32-deep block's scales
- * sc[q * w + r] (gemm_internal.h's mx_prescale_fn).  A block is 32 * w contiguous floats
- * whose scales repeat every w: for the kernel's panels (w = 14: every 7 vectors; w = 32:
- * every 2) as whole vectors times a few permuted copies of the block's scales (a slot at
- * a time with masks ran 2-3x slower, at a quarter of the GEMM's packing time). */
-void fp8mix_gemm_mx_prescale__avx512(float *panel, int64_t slots, int64_t w, const float *sc)
-{
-    if (w != 14 && w != 32) {
-        for (int64_t t = 0; t < slots; t++)
-            for (int64_t r = 0; r < w; r++) panel[t * w + r] *= sc[(t / 32) * w + r];
-        return;
-    }
-    const int per = w == 14 ? 7 : 2; /* vectors until the scales repeat */
-    for (int64_t t0 = 0; t0 < slots; t0 += 32) {
-        const float *s = sc + (t0 / 32) * w;
-        __m512 sv[7];
-        if (w == 32) {
-            sv[0] = _mm512_loadu_ps(s);
-            sv[1] = _mm512_loadu_ps(s + 16);
-        } else {
-            __m512 v = _mm512_maskz_loadu_ps(0x3FFF, s);
-            for (int i = 0; i < 7; i++) { /* lane l of vector i: scale (16 i + l) % 14 */
-                int32_t idx[16];
-                for (int l = 0; l < 16; l++) idx[l] = (16 * i + l) % 14;
-                sv[i] = _mm512_permutexvar_ps(_mm512_loadu_si512((const void *)idx), v);
-            }
-        }
-        int64_t n = (slots - t0 < 32 ? slots - t0 : 32) * w; /* the block's floats */
-        float *v = panel + t0 * w;
-        int64_t j = 0;
-        for (; (j + 1) * 16 <= n; j++) _mm512_storeu_ps(v + j * 16, _mm512_mul_ps(_mm512_loadu_ps(v + j * 16), sv[j % per]));
-        if (j * 16 < n) {
-            __mmask16 m = (__mmask16)((1u << (n - j * 16)) - 1u);
-            _mm512_mask_storeu_ps(v + j * 16, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, v + j * 16), sv[j % per]));
-        }
-    }
-}
-
 #endif /* FP8MIX_X86 */

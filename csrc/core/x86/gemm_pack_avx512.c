@@ -56,11 +56,21 @@ FP8MIX_INLINE __m256i load_upto32(const uint8_t *p, int64_t n)
     return _mm256_maskz_loadu_epi8((__mmask32)((1u << n) - 1u), p);
 }
 
-/* k-steps k0 .. k0+31 of 16 row slots from r0 (rows nv.. zero; bytes from kc on zero)
- * into slots k0 + (j ^ 1), j < nslot, lanes r0 .. r0+15 under mask m. */
-FP8MIX_INLINE void krows16x32(int e4, const uint8_t *src, int64_t ld, int r0, int nv, int64_t k0, int64_t kc,
-                              int64_t nslot, int w, __mmask16 m, float *out)
+/* 16 float16 patterns to float32 times the MX scales sv (pack_mx; exact there) when sc,
+ * a constant after inlining, is not NULL. */
+FP8MIX_INLINE __m512 to_f32_scaled(int e4, __m256i h, const float *sc, __m512 sv)
 {
+    __m512 f = to_f32(e4, h);
+    return sc ? _mm512_mul_ps(f, sv) : f;
+}
+
+/* k-steps k0 .. k0+31 (k0 a multiple of 32: one MX block) of 16 row slots from r0 (rows
+ * nv.. zero; bytes from kc on zero) into slots k0 + (j ^ 1), j < nslot, lanes r0 .. r0+15
+ * under mask m; times the block's scales sc[(k0 / 32) * w + r] unless sc is NULL. */
+FP8MIX_INLINE void krows16x32(int e4, const uint8_t *src, int64_t ld, int r0, int nv, int64_t k0, int64_t kc,
+                              int64_t nslot, int w, __mmask16 m, const float *sc, float *out)
+{
+    const __m512 sv = sc ? _mm512_maskz_loadu_ps(m, sc + (k0 / 32) * w + r0) : _mm512_setzero_ps();
     __m512i R[16];
 #pragma GCC unroll 16
     for (int r = 0; r < 16; r++)
@@ -86,7 +96,7 @@ FP8MIX_INLINE void krows16x32(int e4, const uint8_t *src, int64_t ld, int r0, in
     const __m512i lo = _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0), hi = _mm512_set_epi64(15, 14, 7, 6, 13, 12, 5, 4);
     float *o = out + k0 * w + r0;
 #define KSTORE(j, h) /* k-step k0 + j to slot k0 + (j ^ 1) */ \
-    if ((j) < nslot) _mm512_mask_storeu_ps(o + ((j) ^ 1) * w, m, to_f32(e4, h));
+    if ((j) < nslot) _mm512_mask_storeu_ps(o + ((j) ^ 1) * w, m, to_f32_scaled(e4, h, sc, sv));
 #pragma GCC unroll 4
     for (int s = 0; s < 4; s++)
 #pragma GCC unroll 2
@@ -103,19 +113,22 @@ FP8MIX_INLINE void krows16x32(int e4, const uint8_t *src, int64_t ld, int r0, in
 #undef KSTORE
 }
 
-FP8MIX_INLINE void pack_krows_t(int e4, const uint8_t *src, int64_t ld, int nv, int w, int64_t kc, float *out)
+FP8MIX_INLINE void pack_krows_t(int e4, const uint8_t *src, int64_t ld, int nv, int w, int64_t kc,
+                                const float *sc, float *out)
 {
     int64_t kce = kc + (kc & 1);
     for (int r0 = 0; r0 < w; r0 += 16) {
         __mmask16 m = (__mmask16)(w - r0 >= 16 ? 0xFFFFu : (1u << (w - r0)) - 1u);
         for (int64_t k0 = 0; k0 < kce; k0 += 32)
-            krows16x32(e4, src, ld, r0, nv, k0, kc, kce - k0, w, m, out);
+            krows16x32(e4, src, ld, r0, nv, k0, kc, kce - k0, w, m, sc, out);
     }
 }
 
 /* pack_kcols: row k of the source holds the panel's w values of k-step k; two rows
- * (k, k+1) per conversion when w <= 16, one row when w <= 32. */
-FP8MIX_INLINE void pack_kcols_t(int e4, const uint8_t *src, int64_t ld, int nv, int w, int64_t kc, float *out)
+ * (k, k+1) per conversion when w <= 16, one row when w <= 32; times the MX scales of
+ * the pair's block, sc[(k / 32) * w + r], unless sc is NULL. */
+FP8MIX_INLINE void pack_kcols_t(int e4, const uint8_t *src, int64_t ld, int nv, int w, int64_t kc,
+                                const float *sc, float *out)
 {
     int64_t kce = kc + (kc & 1);
     __mmask16 m0 = (__mmask16)(w >= 16 ? 0xFFFFu : (1u << w) - 1u);
@@ -123,31 +136,35 @@ FP8MIX_INLINE void pack_kcols_t(int e4, const uint8_t *src, int64_t ld, int nv, 
     __mmask32 in = (__mmask32)(nv >= 32 ? 0xFFFFFFFFu : (1u << nv) - 1u);
     for (int64_t k = 0; k < kce; k += 2) {
         const uint8_t *r0 = src + k * ld, *r1 = r0 + ld;
+        const float *sq = sc ? sc + (k / 32) * w : NULL;
+        const __m512 s0 = sc ? _mm512_maskz_loadu_ps(m0, sq) : _mm512_setzero_ps();
+        const __m512 s1 = sc && w > 16 ? _mm512_maskz_loadu_ps(m1, sq + 16) : _mm512_setzero_ps();
         if (w <= 16) {
             __m128i b0 = _mm_maskz_loadu_epi8((__mmask16)in, r0);
             __m128i b1 = k + 1 < kc ? _mm_maskz_loadu_epi8((__mmask16)in, r1) : _mm_setzero_si128();
             __m512i h = to_half32(e4, _mm256_inserti128_si256(_mm256_castsi128_si256(b0), b1, 1));
-            _mm512_mask_storeu_ps(out + (k + 1) * w, m0, to_f32(e4, _mm512_castsi512_si256(h)));
-            _mm512_mask_storeu_ps(out + k * w, m0, to_f32(e4, _mm512_extracti64x4_epi64(h, 1)));
+            _mm512_mask_storeu_ps(out + (k + 1) * w, m0, to_f32_scaled(e4, _mm512_castsi512_si256(h), sc, s0));
+            _mm512_mask_storeu_ps(out + k * w, m0, to_f32_scaled(e4, _mm512_extracti64x4_epi64(h, 1), sc, s0));
             continue;
         }
         for (int h1 = 0; h1 < 2; h1++) {
             __m512i h = k + h1 < kc ? to_half32(e4, _mm256_maskz_loadu_epi8(in, h1 ? r1 : r0)) : _mm512_setzero_si512();
             float *o = out + (k + (h1 ^ 1)) * w;
-            _mm512_mask_storeu_ps(o, m0, to_f32(e4, _mm512_castsi512_si256(h)));
-            _mm512_mask_storeu_ps(o + 16, m1, to_f32(e4, _mm512_extracti64x4_epi64(h, 1)));
+            _mm512_mask_storeu_ps(o, m0, to_f32_scaled(e4, _mm512_castsi512_si256(h), sc, s0));
+            _mm512_mask_storeu_ps(o + 16, m1, to_f32_scaled(e4, _mm512_extracti64x4_epi64(h, 1), sc, s1));
         }
     }
 }
 
-/* Both layouts, both formats: e4 and the layout are constants inside. */
-static void pack_f32(int kcols, const uint8_t *src, int64_t ld, int nv, int w, int64_t kc, fp8mix_format fmt,
-                     float *out)
+/* Both layouts, both formats, with or without MX scales: e4, the layout and whether sc
+ * is NULL are constants inside. */
+FP8MIX_INLINE void pack_f32(int kcols, const uint8_t *src, int64_t ld, int nv, int w, int64_t kc,
+                            fp8mix_format fmt, const float *sc, float *out)
 {
     if (kcols)
-        fmt == FP8MIX_E4M3 ? pack_kcols_t(1, src, ld, nv, w, kc, out) : pack_kcols_t(0, src, ld, nv, w, kc, out);
+        fmt == FP8MIX_E4M3 ? pack_kcols_t(1, src, ld, nv, w, kc, sc, out) : pack_kcols_t(0, src, ld, nv, w, kc, sc, out);
     else
-        fmt == FP8MIX_E4M3 ? pack_krows_t(1, src, ld, nv, w, kc, out) : pack_krows_t(0, src, ld, nv, w, kc, out);
+        fmt == FP8MIX_E4M3 ? pack_krows_t(1, src, ld, nv, w, kc, sc, out) : pack_krows_t(0, src, ld, nv, w, kc, sc, out);
 }
 
 void fp8mix_gemm_pack_krows__avx512(const uint8_t *src, int64_t ld, int nv, int w, int64_t kc,
@@ -156,7 +173,7 @@ void fp8mix_gemm_pack_krows__avx512(const uint8_t *src, int64_t ld, int nv, int 
     if (bf16)
         fp8mix_gemm_pack_krows__avx2(src, ld, nv, w, kc, fmt, bf16, dst);
     else
-        pack_f32(0, src, ld, nv, w, kc, fmt, (float *)dst);
+        pack_f32(0, src, ld, nv, w, kc, fmt, NULL, (float *)dst);
 }
 
 void fp8mix_gemm_pack_kcols__avx512(const uint8_t *src, int64_t ld, int nv, int w, int64_t kc,
@@ -165,5 +182,20 @@ void fp8mix_gemm_pack_kcols__avx512(const uint8_t *src, int64_t ld, int nv, int 
     if (bf16 || w > 32)
         fp8mix_gemm_pack_kcols__avx2(src, ld, nv, w, kc, fmt, bf16, dst);
     else
-        pack_f32(1, src, ld, nv, w, kc, fmt, (float *)dst);
+        pack_f32(1, src, ld, nv, w, kc, fmt, NULL, (float *)dst);
+}
+
+/* gemm_internal.h's pack_mx: float32 panels times their MX scales as they are stored
+ * (the panels of fn_mx_scaled; one multiply per 16 values, no second pass). */
+void fp8mix_gemm_pack_mx__avx512(const uint8_t *src, int64_t ld, int nv, int w, int64_t kc, fp8mix_format fmt,
+                                 int kcols, const float *sc, void *dst)
+{
+    float *out = (float *)dst;
+    if (kcols && w > 32) { /* (not the kernel's panels: MR 14, NR 32) */
+        fp8mix_gemm_pack_kcols__avx2(src, ld, nv, w, kc, fmt, 0, dst);
+        for (int64_t t = 0; t < kc + (kc & 1); t++)
+            for (int r = 0; r < w; r++) out[t * w + r] *= sc[(t / 32) * w + r];
+        return;
+    }
+    pack_f32(kcols, src, ld, nv, w, kc, fmt, sc, out);
 }
