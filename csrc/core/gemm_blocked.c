@@ -35,7 +35,9 @@
 
 /* Block sizes, in values (float32 words or bf16 pairs' halves):
  *   KC = SLIVER_VALUES / NR   K step (at most KC_MAX, a multiple of 128 for block
- *                             scales): 512 for every kernel so far
+ *                             scales): 512 for the float32 kernels; half of it for
+ *                             the bf16-pair kernels (256 for the 32-wide AVX512-BF16
+ *                             and AMX ones, as tuned on Zen 4; not re-measured)
  *   MC = ABLOCK_VALUES / KC   rows of an A block (rounded to the kernel's MR)
  *   NC                        columns of a B panel
  * A longer K step amortises each C tile's load and store over more FMAs, and a
@@ -442,7 +444,7 @@ static void k0_task(void *ctx, int64_t i, int worker)
 /* The K step for this kernel (see SLIVER_VALUES). */
 static int64_t kc_for(const fp8mix_gemm_ukernel *uk)
 {
-    int64_t kc = SLIVER_VALUES / uk->nr / FP8MIX_BLOCK * FP8MIX_BLOCK;
+    int64_t kc = SLIVER_VALUES / (uk->bf16 ? 2 : 1) / uk->nr / FP8MIX_BLOCK * FP8MIX_BLOCK;
     return kc < FP8MIX_BLOCK ? FP8MIX_BLOCK : kc > KC_MAX ? KC_MAX : kc;
 }
 
