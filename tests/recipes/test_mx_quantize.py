@@ -141,12 +141,16 @@ def _canonical_mx_mm(a8, w8, bias):
 
 @pytest.mark.parametrize("shape", [(20, 24, 100), (37, 70, 600), (15, 33, 1030)])
 @pytest.mark.parametrize("threads", [1, 3])
-def test_mx_scaled_mm_canonical_order_bit_exact(shape, threads):
+@pytest.mark.parametrize("spread", [3, 20])
+def test_mx_scaled_mm_canonical_order_bit_exact(shape, threads, spread):
     """The blocked MX GEMM (every tile, K step and thread count) gives the bytes of the
-    documented order, computed here with torch's own float32 arithmetic."""
+    documented order, computed here with torch's own float32 arithmetic. spread 3: every
+    block scale within [2^-45, 2^45], where the CPU GEMM packs the operands times their
+    scales (fp8mix_gemm_ukernel's fn_mx_scaled); spread 20: blocks of 1e-20 .. 1e20 put
+    scales outside it, where it takes the per-block scale step."""
     M, N, K = shape
     g = torch.Generator().manual_seed(M + K)
-    a = torch.randn(M, K, generator=g) * torch.logspace(-3, 3, K)
+    a = torch.randn(M, K, generator=g) * torch.logspace(-spread, spread, K)
     w = torch.randn(N, K, generator=g)
     bias = torch.randn(N, generator=g)
     a8 = fp8mix.quantize(a, Format.E4M3, granularity="mx")
