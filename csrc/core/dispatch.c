@@ -178,14 +178,14 @@ const fp8mix_fused_kernels *fp8mix_fused_kernels_active(void)
 
 static const fp8mix_gemm_ukernel uk_scalar = {4, 16, 0, fp8mix_gemm_ukernel_f32_4x16_ref,
                                               fp8mix_gemm_pack_krows_ref, fp8mix_gemm_pack_kcols_ref,
-                                              fp8mix_gemm_scale_rows_ref, "f32_4x16__scalar", NULL, NULL, NULL, 0, NULL, NULL, NULL, NULL, NULL};
+                                              fp8mix_gemm_scale_rows_ref, "f32_4x16__scalar", NULL, NULL, NULL, 0, NULL, NULL, NULL, NULL, NULL, 0};
 #if FP8MIX_X86
 static const fp8mix_gemm_ukernel uk_avx2 = {6, 16, 0, fp8mix_gemm_ukernel_f32_6x16__avx2,
                                             fp8mix_gemm_pack_krows__avx2, fp8mix_gemm_pack_kcols__avx2,
                                             fp8mix_gemm_scale_rows__avx2, "f32_6x16__avx2",
                                             fp8mix_gemm_ukernel_final_f32_6x16__avx2,
                                             fp8mix_gemm_ukernel_blocks_f32_6x16__avx2,
-                                            fp8mix_gemm_ukernel_mx_f32_6x16__avx2, 0, NULL, NULL, NULL, NULL, NULL};
+                                            fp8mix_gemm_ukernel_mx_f32_6x16__avx2, 0, NULL, NULL, NULL, NULL, NULL, 0};
 static const fp8mix_gemm_ukernel uk_avx512 = {14, 32, 0, fp8mix_gemm_ukernel_f32_14x32__avx512,
                                               fp8mix_gemm_pack_krows__avx512, fp8mix_gemm_pack_kcols__avx512,
                                               fp8mix_gemm_scale_rows__avx2, "f32_14x32__avx512",
@@ -193,18 +193,18 @@ static const fp8mix_gemm_ukernel uk_avx512 = {14, 32, 0, fp8mix_gemm_ukernel_f32
                                               fp8mix_gemm_ukernel_mx_f32_14x32__avx512, 0, NULL, NULL,
                                               fp8mix_gemm_ukernel_mx_pow2_f32_14x32__avx512,
                                               fp8mix_gemm_ukernel_mx_scaled_f32_14x32__avx512,
-                                              fp8mix_gemm_pack_mx__avx512};
+                                              fp8mix_gemm_pack_mx__avx512, 1};
 static const fp8mix_gemm_ukernel uk_avx512bf16 = {14, 32, 1, fp8mix_gemm_ukernel_bf16_14x32__avx512bf16,
                                                   fp8mix_gemm_pack_krows__avx2, fp8mix_gemm_pack_kcols__avx2,
                                                   fp8mix_gemm_scale_rows__avx2, "bf16_14x32__avx512bf16", NULL, NULL,
                                                   fp8mix_gemm_ukernel_mx_bf16_14x32__avx512bf16, 0, NULL, NULL,
-                                                  fp8mix_gemm_ukernel_mx_pow2_bf16_14x32__avx512bf16, NULL, NULL};
+                                                  fp8mix_gemm_ukernel_mx_pow2_bf16_14x32__avx512bf16, NULL, NULL, 0};
 static const fp8mix_gemm_ukernel uk_amx = {32, 32, 1, fp8mix_gemm_ukernel_bf16_32x32__amx,
                                            fp8mix_gemm_pack_b_krows_amx_ref, fp8mix_gemm_pack_b_kcols_amx_ref,
                                            fp8mix_gemm_scale_rows__avx2, "bf16_32x32__amx", NULL, NULL,
                                            fp8mix_gemm_ukernel_mx_bf16_32x32__amx, 32,
                                            fp8mix_gemm_pack_a_krows_amx_ref, fp8mix_gemm_pack_a_kcols_amx_ref, NULL,
-                                           NULL, NULL};
+                                           NULL, NULL, 0};
 
 /* vdpbf16ps is specified (Intel SDM) as two separately rounded adds, odd
  * element first, with DAZ/FTZ (harmless here: sums of FP8 products are
@@ -314,7 +314,7 @@ static const fp8mix_gemm_ukernel uk_amx_emu = {32, 32, 1, fp8mix_gemm_ukernel_bf
                                                fp8mix_gemm_scale_rows_ref, "bf16_32x32__amx_emu", NULL, NULL,
                                                fp8mix_gemm_ukernel_mx_bf16_32x32__amx_emu, 32,
                                                fp8mix_gemm_pack_a_krows_amx_ref, fp8mix_gemm_pack_a_kcols_amx_ref, NULL,
-                                           NULL, NULL};
+                                           NULL, NULL, 0};
 
 const fp8mix_gemm_ukernel *fp8mix_gemm_ukernel_amx_emulated(void) { return &uk_amx_emu; }
 

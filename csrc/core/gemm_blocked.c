@@ -10,6 +10,7 @@
  *       first taking its own contiguous range of them (see affine_task):
  *         pack A[rows, pc : pc+KC]              -> the worker's A block
  *         for each sliver, for each MR panel:   C tile (+)= A panel x B sliver
+ *         (or for each panel, for each sliver: the kernel's a_outer, below)
  *         after the last K step, each tile's epilogue right after its last microkernel
  *
  * C is the float32 output itself, or, for a bf16 / f16 output, a float32
@@ -49,12 +50,21 @@
  * one thread and 7-8% on two (paired runs); 1024 and 2048 were no faster.
  * NC: 1024 columns ran 1.6-3.9% faster than 2048 on a Xeon with 2 MiB of L2
  * (paired runs, 2048^3, KC 256), and 1-2% faster than 512 on the EPYC (512 KiB
- * of L2); a narrower panel packs A once more per chunk.  None of the sizes
- * changes a sum: a K run is never split by the tiling. */
+ * of L2); a narrower panel packs A once more per chunk.
+ * Tile order (the kernel's a_outer): the AVX-512 float32 kernel's B sliver (512 x 32
+ * floats, 64 KiB) overflows a 48 KiB L1 whatever the order, so there the A panel (14 x
+ * 512, 28 KiB) is kept in L1 instead, with the B slivers streaming from L2 in chunks of
+ * NC_A_OUTER columns (a 1 MiB panel that stays in a 2 MiB L2): 1.04-1.07x the sliver-outer
+ * order with 1024 columns at 1024^3-2048^3, 1-2 threads, on a Sapphire Rapids class Xeon
+ * (bench_ab.py, one process); 256 or 768 columns, or KC 640, were no faster, nor was
+ * packing A once per K step for all column chunks (read back from L3 it cost what
+ * repacking does).  None of the sizes or orders changes a sum: a K run is never split
+ * by the tiling. */
 #define SLIVER_VALUES 16384
 #define KC_MAX 512            /* (bounds the per-block scale buffer below)      */
 #define ABLOCK_VALUES (144 * 256)
 #define NC 1024
+#define NC_A_OUTER 512
 #define ACC_WORDS (2 << 20)   /* accumulator cap for non-float32 outputs       */
 #define MAX_TILE (32 * 32)    /* MR x NR of the widest kernel                   */
 #define GEMM_GRAIN (1 << 22)  /* multiply-adds worth a thread                  */
@@ -366,15 +376,16 @@ static void compute_task(void *ctx, int64_t t, int worker)
         else
             (km ? pack_kcols : pack_krows)(a, g->lda, nv, (int)mr, pl->kc, g->fmt_a, pl->uk->bf16, dst);
     }
-    for (int64_t s = s0; s < s1; s++) {
-        int64_t j = pl->jc + s * nr;
-        int nv = (int)min64(nr, g->n - j);
-        const uint32_t *bs = pl->bpanel + s * ksl * nr;
-        const float *msb = pl->mx ? pl->mxsb + s * pl->mxq * nr : NULL;
-        for (int64_t p = 0; p < npan; p++)
-            run_tile(pl, ab + p * ksl * mr, bs, msa ? msa + p * pl->mxq * mr : NULL, msb,
-                     ranges && mx_pow2(ra[p], pl->mxrb[s]), i0 + p * mr, j, (int)min64(mr, mcc - p * mr), nv);
-    }
+    /* tile (p, s) for p < npan, s0 <= s < s1: p outer with a_outer, s outer without */
+    const int64_t ns = s1 - s0, outer = pl->uk->a_outer ? npan : ns, inner = pl->uk->a_outer ? ns : npan;
+    for (int64_t u = 0; u < outer; u++)
+        for (int64_t v = 0; v < inner; v++) {
+            int64_t p = pl->uk->a_outer ? u : v, s = s0 + (pl->uk->a_outer ? v : u);
+            int64_t j = pl->jc + s * nr;
+            run_tile(pl, ab + p * ksl * mr, pl->bpanel + s * ksl * nr, msa ? msa + p * pl->mxq * mr : NULL,
+                     pl->mx ? pl->mxsb + s * pl->mxq * nr : NULL, ranges && mx_pow2(ra[p], pl->mxrb[s]), i0 + p * mr,
+                     j, (int)min64(mr, mcc - p * mr), (int)min64(nr, g->n - j));
+        }
 }
 
 /* The compute loop's tasks, handed out worker-affine: the tasks are cut into one
@@ -456,7 +467,7 @@ static size_t plan_sizes(plan *pl, int workers)
     pl->n_ic = ceil_div(M, ABLOCK_VALUES / pl->kcmax);
     pl->mc = ceil_div(ceil_div(M, pl->n_ic), mr) * mr;
     pl->n_ic = ceil_div(M, pl->mc);
-    int64_t nc_cap = NC;
+    int64_t nc_cap = pl->uk->a_outer ? NC_A_OUTER : NC;
     if (g->out_t != FP8MIX_F32) { /* the accumulator is M x NC floats */
         int64_t fit = (ACC_WORDS / M) / nr * nr;
         nc_cap = fit < nr ? nr : (fit < nc_cap ? fit : nc_cap);

@@ -128,6 +128,11 @@ typedef struct fp8mix_gemm_ukernel {
                                                bits are fn_mx's, with one add per output
                                                and block instead of a multiply and add */
     fp8mix_gemm_pack_mx_fn pack_mx;         /* with fn_mx_scaled: its panels' packing */
+    int a_outer;           /* the driver's tile order in a task (gemm_blocked.c): 0, B
+                              slivers outer (a sliver stays in L1, the A block comes from
+                              L2); 1, A panels outer (an A panel stays in L1, the B
+                              slivers stream from L2, in narrower column chunks); the
+                              kernel's next-tile C prefetch follows it.  No sum changes */
 } fp8mix_gemm_ukernel;
 
 /* The portable kernels (the scalar ISA's, and the oracles of the SIMD ones):

@@ -73,13 +73,13 @@ static inline int32_t mx_f32_bits(float f)
     _mm512_storeu_ps(c + r * ldc, o##r##0);       \
     _mm512_storeu_ps(c + r * ldc + 16, o##r##1);
 
-/* The driver's next tile is usually the next 14 rows of C: fetched into L2 once per
- * tile (the 14-row kernels do the same per call). */
+/* The float32 AVX-512 kernel runs A panels outer (its a_outer): the driver's next tile
+ * is usually the next 32 columns of the same 14 rows, fetched into L2 once per tile. */
 static inline void mx14_prefetch_next_tile(const float *c, int64_t ldc)
 {
     for (int r = 0; r < 14; r++) {
-        _mm_prefetch((const char *)(c + (14 + r) * ldc), _MM_HINT_T1);
-        _mm_prefetch((const char *)(c + (14 + r) * ldc + 31), _MM_HINT_T1);
+        _mm_prefetch((const char *)(c + r * ldc + 32), _MM_HINT_T1);
+        _mm_prefetch((const char *)(c + r * ldc + 63), _MM_HINT_T1);
     }
 }
 
