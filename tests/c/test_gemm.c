@@ -219,8 +219,10 @@ static void count_kernel(const fp8mix_gemm_ukernel *uk)
 
 /* Run p through fp8mix_gemm under every ISA limit, and (float32 accumulation)
  * through every microkernel this CPU can run, whether or not dispatch picks
- * it here (1 to 4 threads when `threads`); compare with the reference bit for
- * bit; for F32 output compare with float64. */
+ * it here, in both of the driver's tile orders (its own a_outer and the other: each
+ * order then runs on every CPU, whatever kernel uses it) (1 to 4 threads when
+ * `threads`); compare with the reference bit for bit; for F32 output compare with
+ * float64. */
 static void check_problem(problem *p, int threads, double tol)
 {
     fp8mix_gemm_args g = p->g;
@@ -245,13 +247,18 @@ static void check_problem(problem *p, int threads, double tol)
         int nuk = fp8mix_gemm_ukernels(uks, MAX_UK);
         for (int u = 0; g.accum == FP8MIX_ACCUM_FP32 && u < nuk; u++) {
             count_kernel(uks[u]);
-            memset(out, 0, nb);
-            g.out = out;
-            st = fp8mix_gemm_blocked_with(&g, uks[u]);
-            CHECK(st == FP8MIX_OK && same_out(&g, ref, out),
-                  "kernel=%s threads=%d m=%lld n=%lld k=%lld fa=%d fb=%d lay=%d kind=%d out=%d bias=%d st=%d",
-                  uks[u]->name, t, (long long)g.m, (long long)g.n, (long long)g.k, g.fmt_a, g.fmt_b, g.b_layout,
-                  g.scale_a_kind, g.out_t, g.bias != NULL, st);
+            fp8mix_gemm_ukernel other = *uks[u];
+            other.a_outer = !other.a_outer;
+            for (int o = 0; o < 2; o++) {
+                memset(out, 0, nb);
+                g.out = out;
+                st = fp8mix_gemm_blocked_with(&g, o ? &other : uks[u]);
+                CHECK(st == FP8MIX_OK && same_out(&g, ref, out),
+                      "kernel=%s a_outer=%d threads=%d m=%lld n=%lld k=%lld fa=%d fb=%d lay=%d kind=%d out=%d bias=%d "
+                      "st=%d",
+                      uks[u]->name, o ? other.a_outer : uks[u]->a_outer, t, (long long)g.m, (long long)g.n,
+                      (long long)g.k, g.fmt_a, g.fmt_b, g.b_layout, g.scale_a_kind, g.out_t, g.bias != NULL, st);
+            }
         }
         for (size_t v = 0; v < sizeof isas / sizeof isas[0] && isas[v] <= best; v++) {
             fp8mix_set_max_isa(isas[v]);
@@ -539,7 +546,7 @@ static void test_packing_once(long *bad_out, long *runs_out)
  * the one a level dispatches to) compared nothing. */
 static void report_coverage(void)
 {
-    printf("microkernels compared with fp8mix_gemm_ref:");
+    printf("microkernels compared with fp8mix_gemm_ref (each in both tile orders):");
     for (int i = 0; i < MAX_UK && uk_names[i]; i++) printf(" %s (%ld runs)", uk_names[i], uk_runs[i]);
     const fp8mix_gemm_ukernel *uks[MAX_UK];
     int nuk = fp8mix_gemm_ukernels(uks, MAX_UK);
