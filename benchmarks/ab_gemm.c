@@ -9,7 +9,9 @@
  * shared machine (another tenant's load moves a GEMM's speed by 20-30% within seconds)
  * hits both builds alike; the ratios are taken per round, then their median.
  *
- *   ab_gemm M K N THREADS ROUNDS LIB...
+ *   ab_gemm M K N THREADS ROUNDS LAYOUT LIB...
+ * LAYOUT: fwd (A row-major, B as N x K), dgrad (B as K x N) or wgrad (A stored K-major,
+ * a transposed view, and B as K x N): the operand layouts of a Linear step's GEMMs.
  * prints one line per library: "ab NAME tensor GFLOPS mx GFLOPS t_ratio q1 q3 mx_ratio
  * mx_over_tensor q1 q3" (ratios against the first library; quartiles of the per-round
  * ratios).
@@ -55,19 +57,24 @@ static double t[2][MAX_LIBS][MAX_ROUNDS];
 
 int main(int argc, char **argv)
 {
-    if (argc < 7) {
-        fprintf(stderr, "usage: %s M K N THREADS ROUNDS LIB...\n", argv[0]);
+    if (argc < 8) {
+        fprintf(stderr, "usage: %s M K N THREADS ROUNDS LAYOUT LIB...\n", argv[0]);
         return 2;
     }
     int64_t M = atoll(argv[1]), K = atoll(argv[2]), N = atoll(argv[3]);
-    int threads = atoi(argv[4]), rounds = atoi(argv[5]), nl = argc - 6;
-    if (M < 1 || K < 1 || N < 1 || rounds < 1 || rounds > MAX_ROUNDS || nl > MAX_LIBS) {
-        fprintf(stderr, "ab_gemm: bad shape, rounds (1..%d) or library count (<= %d)\n", MAX_ROUNDS, MAX_LIBS);
+    int threads = atoi(argv[4]), rounds = atoi(argv[5]), nl = argc - 7;
+    const char *layout = argv[6];
+    int kn = strcmp(layout, "fwd") != 0, km = strcmp(layout, "wgrad") == 0;
+    if (M < 1 || K < 1 || N < 1 || rounds < 1 || rounds > MAX_ROUNDS || nl > MAX_LIBS ||
+        (kn && strcmp(layout, "dgrad") != 0 && !km)) {
+        fprintf(stderr, "ab_gemm: bad shape, rounds (1..%d), layout (fwd, dgrad, wgrad) or library count (<= %d)\n",
+                MAX_ROUNDS, MAX_LIBS);
         return 2;
     }
+    char **libs = argv + 7;
     gemm_fn gemm[MAX_LIBS];
     for (int l = 0; l < nl; l++) {
-        void *h = dlopen(argv[6 + l], RTLD_NOW | RTLD_LOCAL);
+        void *h = dlopen(libs[l], RTLD_NOW | RTLD_LOCAL);
         if (!h) {
             fprintf(stderr, "ab_gemm: %s\n", dlerror());
             return 1;
@@ -75,7 +82,7 @@ int main(int argc, char **argv)
         gemm[l] = (gemm_fn)dlsym(h, "fp8mix_gemm");
         threads_fn set_threads = (threads_fn)dlsym(h, "fp8mix_set_num_threads");
         if (!gemm[l] || !set_threads) {
-            fprintf(stderr, "ab_gemm: %s lacks fp8mix_gemm or fp8mix_set_num_threads\n", argv[6 + l]);
+            fprintf(stderr, "ab_gemm: %s lacks fp8mix_gemm or fp8mix_set_num_threads\n", libs[l]);
             return 1;
         }
         set_threads(threads);
@@ -98,8 +105,10 @@ int main(int argc, char **argv)
     for (int mx = 0; mx < 2; mx++) {
         memset(&g[mx], 0, sizeof g[mx]);
         g[mx].m = M, g[mx].n = N, g[mx].k = K;
-        g[mx].a = a, g[mx].fmt_a = FP8MIX_E4M3, g[mx].lda = K;
-        g[mx].b = b, g[mx].fmt_b = FP8MIX_E4M3, g[mx].ldb = K, g[mx].b_layout = FP8MIX_B_NK;
+        g[mx].a = a, g[mx].fmt_a = FP8MIX_E4M3, g[mx].lda = km ? M : K;
+        g[mx].a_layout = km ? FP8MIX_A_KM : FP8MIX_A_MK;
+        g[mx].b = b, g[mx].fmt_b = FP8MIX_E4M3, g[mx].ldb = kn ? N : K;
+        g[mx].b_layout = kn ? FP8MIX_B_KN : FP8MIX_B_NK;
         g[mx].scale_a = sa, g[mx].scale_b = sb;
         g[mx].scale_a_kind = g[mx].scale_b_kind = mx ? FP8MIX_MM_SCALE_MX : FP8MIX_MM_SCALE_TENSOR;
         g[mx].out = out, g[mx].out_t = FP8MIX_F32, g[mx].ldo = N, g[mx].accum = FP8MIX_ACCUM_FP32;
@@ -129,7 +138,7 @@ int main(int argc, char **argv)
         quartiles(rt, rounds, &rt1, &rtm, &rt3);
         quartiles(rm, rounds, &dummy, &rmm, &dummy);
         quartiles(rmt, rounds, &rmt1, &rmtm, &rmt3);
-        printf("ab %s %.1f %.1f %.3f %.3f %.3f %.3f %.3f %.3f %.3f\n", argv[6 + l], flop / mt * 1e-9,
+        printf("ab %s %.1f %.1f %.3f %.3f %.3f %.3f %.3f %.3f %.3f\n", libs[l], flop / mt * 1e-9,
                flop / mm * 1e-9, rtm, rt1, rt3, rmm, rmtm, rmt1, rmt3);
     }
     free(a), free(b), free(out), free(sa), free(sb);

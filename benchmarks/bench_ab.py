@@ -64,6 +64,8 @@ def main(argv=None) -> int:
     p.add_argument("--sizes", nargs="+", default=["512", "1024", "2048"], help="N (square) or MxKxN")
     p.add_argument("--threads", default="1,2")
     p.add_argument("--seconds", type=float, default=6.0, help="timed seconds per shape and thread count (about)")
+    p.add_argument("--layout", choices=["fwd", "dgrad", "wgrad"], default="fwd",
+                   help="operand layouts: fwd (B as N x K), dgrad (B as K x N), wgrad (A K-major too)")
     a = p.parse_args(argv)
     revs = a.base or ["HEAD~1"]
     with tempfile.TemporaryDirectory() as tmp:
@@ -79,7 +81,9 @@ def main(argv=None) -> int:
         print(f"- cpu: {cpu_model()} ({os.cpu_count()} logical CPUs); load average at start: {load_average()}")
         print(f"- fp8mix ISA: {fp8mix.cpu_isa()}; GEMM kernel {fp8mix.gemm_kernel('canonical')} (canonical order)")
         print(f"- builds: {', '.join(names)}; the first is the base of the ratios")
-        print("- E4M3 x E4M3 -> float32, B as N x K; medians over rounds, [quartiles] of the per-round ratios\n")
+        lay = {"fwd": "B as N x K", "dgrad": "B as K x N", "wgrad": "A stored K-major, B as K x N"}[a.layout]
+        print(f"- E4M3 x E4M3 -> float32, {a.layout}: {lay}; medians over rounds, [quartiles] of the per-round "
+              "ratios\n")
         print("| threads | shape | build | tensor GFLOP/s | x base [q1, q3] | MX GFLOP/s | MX x base "
               "| MX / tensor [q1, q3] |")
         print("|---:|---|---|---:|---|---:|---:|---|")
@@ -89,7 +93,7 @@ def main(argv=None) -> int:
                 # rounds: about --seconds at 150 GFLOP/s per thread, both scale kinds, every build
                 per = 2 * 2.0 * M * N * K / (150e9 * nt) * len(libs)
                 rounds = max(5, min(1000, int(a.seconds / per)))
-                out = subprocess.run([exe, str(M), str(K), str(N), str(nt), str(rounds), *libs],
+                out = subprocess.run([exe, str(M), str(K), str(N), str(nt), str(rounds), a.layout, *libs],
                                      capture_output=True, text=True, check=True).stdout.split("\n")
                 for name, line in zip(names, [ln for ln in out if ln.startswith("ab ")]):
                     f = line.split()[2:]
