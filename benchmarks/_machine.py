@@ -145,8 +145,11 @@ def header_lines(fp8mix_isa: str) -> List[str]:
 def bench_interleaved(fns: Sequence[Callable[[], object]], budget_s: float = 0.6, min_reps: int = 3,
                       max_reps: int = 40, warmup: int = 1) -> List[Tuple[float, float]]:
     """Time several callables in alternation (rep i runs each once, in turn), so that load
-    from elsewhere on the machine hits them alike.  `warmup` untimed rounds, then reps fitted
-    to the budget.  Returns [(median, min) seconds] in the order of fns."""
+    from elsewhere on the machine hits them alike; rep i starts at callable i mod n, so each
+    follows each of the others as often (what ran just before -- another library's threads
+    winding down, the caches it left -- is not always the same one's).  `warmup` untimed
+    rounds, then reps fitted to the budget.  Returns [(median, min) seconds] in the order of
+    fns."""
     for _ in range(max(warmup, 1)):
         for fn in fns:
             fn()
@@ -156,11 +159,12 @@ def bench_interleaved(fns: Sequence[Callable[[], object]], budget_s: float = 0.6
     est = max(time.perf_counter() - t0, 1e-6)
     reps = int(min(max_reps, max(min_reps, budget_s / est)))
     times: List[List[float]] = [[] for _ in fns]
-    for _ in range(reps):
-        for fn, ts in zip(fns, times):
+    for r in range(reps):
+        for k in range(len(fns)):
+            i = (r + k) % len(fns)
             t = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t)
+            fns[i]()
+            times[i].append(time.perf_counter() - t)
     return [(statistics.median(ts), min(ts)) for ts in times]
 
 
