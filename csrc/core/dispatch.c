@@ -195,10 +195,13 @@ static const fp8mix_gemm_ukernel uk_avx512 = {14, 32, 0, fp8mix_gemm_ukernel_f32
                                               fp8mix_gemm_ukernel_mx_scaled_f32_14x32__avx512,
                                               fp8mix_gemm_pack_mx__avx512, 1};
 static const fp8mix_gemm_ukernel uk_avx512bf16 = {14, 32, 1, fp8mix_gemm_ukernel_bf16_14x32__avx512bf16,
-                                                  fp8mix_gemm_pack_krows__avx2, fp8mix_gemm_pack_kcols__avx2,
-                                                  fp8mix_gemm_scale_rows__avx2, "bf16_14x32__avx512bf16", NULL, NULL,
+                                                  fp8mix_gemm_pack_krows__avx512, fp8mix_gemm_pack_kcols__avx512,
+                                                  fp8mix_gemm_scale_rows__avx2, "bf16_14x32__avx512bf16",
+                                                  fp8mix_gemm_ukernel_final_bf16_14x32__avx512bf16, NULL,
                                                   fp8mix_gemm_ukernel_mx_bf16_14x32__avx512bf16, 0, NULL, NULL,
-                                                  fp8mix_gemm_ukernel_mx_pow2_bf16_14x32__avx512bf16, NULL, NULL, 0};
+                                                  fp8mix_gemm_ukernel_mx_pow2_bf16_14x32__avx512bf16,
+                                                  fp8mix_gemm_ukernel_mx_scaled_bf16_14x32__avx512bf16,
+                                                  fp8mix_gemm_pack_mx_bf16__avx512, 1};
 static const fp8mix_gemm_ukernel uk_amx = {32, 32, 1, fp8mix_gemm_ukernel_bf16_32x32__amx,
                                            fp8mix_gemm_pack_b_krows_amx_ref, fp8mix_gemm_pack_b_kcols_amx_ref,
                                            fp8mix_gemm_scale_rows__avx2, "bf16_32x32__amx", NULL, NULL,

@@ -36,9 +36,10 @@
 
 /* Block sizes, in values (float32 words or bf16 pairs' halves):
  *   KC = SLIVER_VALUES / NR   K step (at most KC_MAX, a multiple of 128 for block
- *                             scales): 512 for the float32 kernels; half of it for
- *                             the bf16-pair kernels (256 for the 32-wide AVX512-BF16
- *                             and AMX ones, as tuned on Zen 4; not re-measured)
+ *                             scales): 512 for the 32-wide kernels that run A panels
+ *                             outer (float32 and AVX512-BF16); half of it for a
+ *                             bf16-pair kernel that keeps its B sliver in L1 (AMX,
+ *                             256; not measured on hardware)
  *   MC = ABLOCK_VALUES / KC   rows of an A block (rounded to the kernel's MR)
  *   NC                        columns of a B panel
  * A longer K step amortises each C tile's load and store over more FMAs, and a
@@ -58,7 +59,10 @@
  * order with 1024 columns at 1024^3-2048^3, 1-2 threads, on a Sapphire Rapids class Xeon
  * (bench_ab.py, one process); 256 or 768 columns, or KC 640, were no faster, nor was
  * packing A once per K step for all column chunks (read back from L3 it cost what
- * repacking does).  None of the sizes or orders changes a sum: a K run is never split
+ * repacking does).  The AVX512-BF16 kernel (two k-steps per vdpbf16ps) on Zen 4 (32 KiB
+ * L1d, 1 MiB L2): A panels outer with KC 512 (A panel 14 KiB, B sliver 32 KiB, B panel
+ * 512 KiB) ran 1.07-1.16x its former B-sliver-outer order with KC 256 at 1024^3-2048^3,
+ * 1-2 threads; A outer alone at KC 256, 0.99-1.04x.  None of the sizes or orders changes a sum: a K run is never split
  * by the tiling. */
 #define SLIVER_VALUES 16384
 #define KC_MAX 512            /* (bounds the per-block scale buffer below)      */
@@ -452,10 +456,12 @@ static void k0_task(void *ctx, int64_t i, int worker)
 
 /* ---- the plan and the loop nest ----------------------------------------- */
 
-/* The K step for this kernel (see SLIVER_VALUES). */
+/* The K step for this kernel (see SLIVER_VALUES): a sliver-outer bf16-pair kernel (AMX)
+ * keeps its B sliver in L1 at half the k-steps; an A-outer one streams B and takes the
+ * longer step. */
 static int64_t kc_for(const fp8mix_gemm_ukernel *uk)
 {
-    int64_t kc = SLIVER_VALUES / (uk->bf16 ? 2 : 1) / uk->nr / FP8MIX_BLOCK * FP8MIX_BLOCK;
+    int64_t kc = SLIVER_VALUES / (uk->bf16 && !uk->a_outer ? 2 : 1) / uk->nr / FP8MIX_BLOCK * FP8MIX_BLOCK;
     return kc < FP8MIX_BLOCK ? FP8MIX_BLOCK : kc > KC_MAX ? KC_MAX : kc;
 }
 
@@ -530,7 +536,7 @@ fp8mix_status fp8mix_gemm_blocked_with(const fp8mix_gemm_args *g, const fp8mix_g
     pl.mx = g->scale_a_kind == FP8MIX_MM_SCALE_MX;
     pl.fused_epi = uk->fn_final && !pl.block && fp8mix_gemm_epilogue_simple(g);
     pl.nkb = ceil_div(K, pl.mx ? FP8MIX_MX_BLOCK : FP8MIX_BLOCK);
-    pl.mx_scaled = pl.mx && uk->fn_mx_scaled && uk->pack_mx && !uk->bf16 && !uk->pack_a_krows &&
+    pl.mx_scaled = pl.mx && uk->fn_mx_scaled && uk->pack_mx && !uk->pack_a_krows &&
                    mx_prescalable(g->scale_a, M * pl.nkb) &&
                    mx_prescalable(g->scale_b, N * pl.nkb);
     pl.nnb = ceil_div(N, FP8MIX_BLOCK);

@@ -171,6 +171,10 @@ void fp8mix_gemm_ukernel_mx_bf16_14x32__avx512bf16(int64_t kc, const void *a, co
                                                    int load_c, const float *sa, const float *sb);
 void fp8mix_gemm_ukernel_mx_pow2_bf16_14x32__avx512bf16(int64_t kc, const void *a, const void *b, float *c,
                                                         int64_t ldc, int load_c, const float *sa, const float *sb);
+void fp8mix_gemm_ukernel_mx_scaled_bf16_14x32__avx512bf16(int64_t kc, const void *a, const void *b, float *c,
+                                                          int64_t ldc, int load_c, const float *sa, const float *sb);
+void fp8mix_gemm_ukernel_final_bf16_14x32__avx512bf16(int64_t kc, const void *a, const void *b, float *c,
+                                                      int64_t ldc, int load_c, const float *s, const float *bias);
 void fp8mix_gemm_ukernel_bf16_14x32__avx512bf16(int64_t kc, const void *a,
                                                 const void *b, float *c,
                                                 int64_t ldc, int load_c,
@@ -183,6 +187,8 @@ void fp8mix_gemm_pack_krows__avx512(const uint8_t *src, int64_t ld, int nv, int 
                                   fp8mix_format fmt, int bf16, void *dst);
 void fp8mix_gemm_pack_mx__avx512(const uint8_t *src, int64_t ld, int nv, int w, int64_t kc, fp8mix_format fmt,
                                  int kcols, const float *sc, void *dst);
+void fp8mix_gemm_pack_mx_bf16__avx512(const uint8_t *src, int64_t ld, int nv, int w, int64_t kc, fp8mix_format fmt,
+                                      int kcols, const float *sc, void *dst);
 void fp8mix_gemm_pack_kcols__avx512(const uint8_t *src, int64_t ld, int nv, int w, int64_t kc,
                                   fp8mix_format fmt, int bf16, void *dst);
 void fp8mix_gemm_scale_rows__avx2(float *out, int64_t ldo, const float *vals, int64_t ldv, int64_t rows, int64_t n,

@@ -3,8 +3,15 @@
  * value is exact in bf16, so vdpbf16ps multiplies two k-steps per lane at
  * once.  Its two adds per lane (odd element first, each rounded) are the
  * canonical order of gemm_internal.h; dispatch.c probes once that this CPU agrees
- * bit for bit with the float32 kernel before using it.  The MX mode runs the tile
- * as two 7-row halves (x86/gemm_mx_avx512.h).
+ * bit for bit with the float32 kernel before using it.  The plain tile is the
+ * float32 kernel's inline assembly with vdpbf16ps for its FMAs (x86/gemm_tile14_asm.h:
+ * both panel layouts advance 14 and 32 words per step).  The MX modes run the tile as
+ * two 7-row halves (x86/gemm_mx_avx512.h), on panels prescaled by their scales where
+ * the driver allows it: there a block's step is o = o + part, one add per output vector
+ * (on Zen 4 the halves ran at 0.95-0.98x the per-tensor GEMM's speed, 1024^3-2048^3, 1-2
+ * threads, against 0.87-0.89x for the whole tile adding each block into an L1 buffer as
+ * the float32 kernel does: with two k-steps per instruction that buffer's loads, adds
+ * and stores weigh twice as much).
  */
 #include "gemm_internal.h"
 
@@ -12,6 +19,8 @@
 #include <immintrin.h>
 
 #include "x86/gemm_mx_avx512.h"
+#define TILE14_MADD "vdpbf16ps"
+#include "x86/gemm_tile14_asm.h"
 
 const int fp8mix_gemm_have_avx512bf16 = 1;
 
@@ -36,18 +45,13 @@ static inline __m512bh bcast_pair(const unsigned char *a)
         P##r##1 = _mm512_dpbf16_ps(P##r##1, av, b1);            \
     }
 
-static inline __attribute__((always_inline)) void
-ukernel_bf16_14x32(int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc, int load_c, const float *rs)
+/* The tile with block scales (rs: MR row scales): part over kc k-steps from +0, then
+ * C = (load_c ? C : +0) + part * rs[r], mul then add. */
+static void tile14_scaled(int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc, int load_c,
+                          const float *rs)
 {
     const unsigned char *a = (const unsigned char *)ap, *b = (const unsigned char *)bp;
-    int init = load_c && !rs;
-    for (int r = 0; r < 14; r++) { /* the next tile's C, as in gemm_avx512.c */
-        _mm_prefetch((const char *)(c + (14 + r) * ldc), _MM_HINT_T1);
-        _mm_prefetch((const char *)(c + (14 + r) * ldc + 31), _MM_HINT_T1);
-    }
-#define DECL(r)                                                                    \
-    __m512 c##r##0 = init ? _mm512_loadu_ps(c + r * ldc) : _mm512_setzero_ps();   \
-    __m512 c##r##1 = init ? _mm512_loadu_ps(c + r * ldc + 16) : _mm512_setzero_ps();
+#define DECL(r) __m512 c##r##0 = _mm512_setzero_ps(), c##r##1 = _mm512_setzero_ps();
     ROWS14(DECL)
 #undef DECL
     /* Two pairs of k-steps per iteration; the empty asm keeps GCC from
@@ -62,15 +66,6 @@ ukernel_bf16_14x32(int64_t kc, const void *ap, const void *bp, float *c, int64_t
     for (; q < nq; q++, a += 56, b += 128) KSTEP(0)
 #undef KSTEP
 #undef CSTEP
-    if (!rs) {
-#define STORE(r)                               \
-    _mm512_storeu_ps(c + r * ldc, c##r##0);    \
-    _mm512_storeu_ps(c + r * ldc + 16, c##r##1);
-        ROWS14(STORE)
-#undef STORE
-        return;
-    }
-    /* Block scales: C = (load_c ? C : +0) + part * rs[r], mul then add. */
 #define SCALE(r)                                                                    \
     {                                                                               \
         __m512 s0 = _mm512_set1_ps(rs[r]), s1 = s0;                                 \
@@ -83,21 +78,36 @@ ukernel_bf16_14x32(int64_t kc, const void *ap, const void *bp, float *c, int64_t
 #undef SCALE
 }
 
+/* kc is even (the driver pads bf16 panels to whole pairs): kc / 2 vdpbf16ps steps. */
 void fp8mix_gemm_ukernel_bf16_14x32__avx512bf16(int64_t kc, const void *ap,
                                                 const void *bp, float *c,
                                                 int64_t ldc, int load_c,
                                                 const float *rs)
 {
-    ukernel_bf16_14x32(kc, ap, bp, c, ldc, load_c, rs);
+    mx14_prefetch_next_tile(c, ldc);
+    if (rs)
+        tile14_scaled(kc, ap, bp, c, ldc, load_c, rs);
+    else
+        tile14_asm(kc / 2, ap, bp, c, ldc, load_c, NULL, NULL);
+}
+
+/* The last K step of a whole tile with the epilogue's common case in its store
+ * (gemm_internal.h's fn_final). */
+void fp8mix_gemm_ukernel_final_bf16_14x32__avx512bf16(int64_t kc, const void *ap, const void *bp, float *c,
+                                                      int64_t ldc, int load_c, const float *s, const float *bias)
+{
+    mx14_prefetch_next_tile(c, ldc);
+    tile14_asm(kc / 2, ap, bp, c, ldc, load_c, s, bias);
 }
 
 /* MX over a whole K step for 7 of the tile's 14 rows (gemm_mx_avx512.h; a: the packed
  * panel at the first of them, its k-steps still 14 rows apart; sa: their scales, 14
- * per block). */
+ * per block).  mode (a constant after inlining): 0 fn_mx, 1 fn_mx_pow2, 2 fn_mx_scaled
+ * (sa, sb not read). */
 static inline __attribute__((always_inline)) void
 mx_half_bf16_7x32(int64_t kc, const unsigned char *a, const unsigned char *b, float *c, int64_t ldc, const float *ci,
                   int64_t ldi, int load_c,
-                  const float *sa, const float *sb, int pow2)
+                  const float *sa, const float *sb, int mode)
 {
     MX7_ROWS(MX7_DECL)
     for (int64_t k0 = 0; k0 < kc; k0 += 32, sa += 14, sb += 32) {
@@ -115,24 +125,30 @@ mx_half_bf16_7x32(int64_t kc, const unsigned char *a, const unsigned char *b, fl
         for (; t < np; t++, a += 56, b += 128) KSTEP(0)
 #undef KSTEP
 #undef PSTEP
-        MX7_SCALE_BLOCK(pow2)
+        if (mode == 2) { /* prescaled panels: o = o + part */
+#define OADD(r) o##r##0 = _mm512_add_ps(o##r##0, p##r##0); o##r##1 = _mm512_add_ps(o##r##1, p##r##1);
+            MX7_ROWS(OADD)
+#undef OADD
+        } else {
+            MX7_SCALE_BLOCK(mode)
+        }
     }
     MX7_ROWS(MX7_STORE)
 }
 
-/* MX scales over a whole K step (gemm_internal.h's fp8mix_gemm_ukernel_mx_fn, and with
- * pow2 its fn_mx_pow2): the tile as two 7-row halves, each with its outputs in registers across the blocks
- * (mx_half_bf16_7x32; the B sliver is read twice, from L1). */
+/* MX scales over a whole K step (gemm_internal.h's fp8mix_gemm_ukernel_mx_fn; mode as
+ * above): the tile as two 7-row halves, each with its outputs in registers across the
+ * blocks (mx_half_bf16_7x32; the B sliver is read twice, from L1). */
 static inline __attribute__((always_inline)) void
 mx_tile(int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc, int load_c, const float *sa,
-        const float *sb, int pow2)
+        const float *sb, int mode)
 {
     const unsigned char *a = (const unsigned char *)ap, *b = (const unsigned char *)bp;
     mx14_prefetch_next_tile(c, ldc);
     float t[7 * 32] __attribute__((aligned(64)));
     if (load_c) mx7_copy_rows(t, c + 7 * ldc, ldc);
-    mx_half_bf16_7x32(kc, a, b, c, ldc, c, ldc, load_c, sa, sb, pow2);
-    mx_half_bf16_7x32(kc, a + 7 * 4, b, c + 7 * ldc, ldc, t, 32, load_c, sa + 7, sb, pow2);
+    mx_half_bf16_7x32(kc, a, b, c, ldc, c, ldc, load_c, sa, sb, mode);
+    mx_half_bf16_7x32(kc, a + 7 * 4, b, c + 7 * ldc, ldc, t, 32, load_c, sa + 7, sb, mode);
 }
 
 void fp8mix_gemm_ukernel_mx_bf16_14x32__avx512bf16(int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc,
@@ -148,6 +164,16 @@ void fp8mix_gemm_ukernel_mx_pow2_bf16_14x32__avx512bf16(int64_t kc, const void *
 {
     mx_tile(kc, ap, bp, c, ldc, load_c, sa, sb, 1);
 }
+
+/* The same sums on bf16 panels packed already multiplied by their scales
+ * (gemm_internal.h's fn_mx_scaled; sa and sb are not read). */
+void fp8mix_gemm_ukernel_mx_scaled_bf16_14x32__avx512bf16(int64_t kc, const void *ap, const void *bp, float *c,
+                                                          int64_t ldc, int load_c, const float *sa, const float *sb)
+{
+    (void)sa;
+    (void)sb;
+    mx_tile(kc, ap, bp, c, ldc, load_c, sa, sb, 2);
+}
 #elif FP8MIX_X86
 /* Built without AVX512_BF16 support: never selected. */
 const int fp8mix_gemm_have_avx512bf16 = 0;
@@ -158,6 +184,11 @@ void fp8mix_gemm_ukernel_bf16_14x32__avx512bf16(int64_t kc, const void *ap,
 {
     (void)kc; (void)ap; (void)bp; (void)c; (void)ldc; (void)load_c; (void)rs;
 }
+void fp8mix_gemm_ukernel_final_bf16_14x32__avx512bf16(int64_t kc, const void *ap, const void *bp, float *c,
+                                                      int64_t ldc, int load_c, const float *s, const float *bias)
+{
+    (void)kc; (void)ap; (void)bp; (void)c; (void)ldc; (void)load_c; (void)s; (void)bias;
+}
 void fp8mix_gemm_ukernel_mx_bf16_14x32__avx512bf16(int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc,
                                                    int load_c, const float *sa, const float *sb)
 {
@@ -165,6 +196,11 @@ void fp8mix_gemm_ukernel_mx_bf16_14x32__avx512bf16(int64_t kc, const void *ap, c
 }
 void fp8mix_gemm_ukernel_mx_pow2_bf16_14x32__avx512bf16(int64_t kc, const void *ap, const void *bp, float *c,
                                                         int64_t ldc, int load_c, const float *sa, const float *sb)
+{
+    (void)kc; (void)ap; (void)bp; (void)c; (void)ldc; (void)load_c; (void)sa; (void)sb;
+}
+void fp8mix_gemm_ukernel_mx_scaled_bf16_14x32__avx512bf16(int64_t kc, const void *ap, const void *bp, float *c,
+                                                          int64_t ldc, int load_c, const float *sa, const float *sb)
 {
     (void)kc; (void)ap; (void)bp; (void)c; (void)ldc; (void)load_c; (void)sa; (void)sb;
 }

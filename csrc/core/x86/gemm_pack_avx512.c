@@ -15,6 +15,11 @@
  * permute) before converting: the AVX2 packing's 8 x 8 byte transposes and 8-lane
  * stores ran at 0.75-0.8 cycles per value on a Sapphire Rapids class Xeon, 4-5% of a
  * 2048^3 GEMM's time.
+ *
+ * bf16 panels (the AVX512_BF16 kernel's pairs, one word per pair of k-steps and lane)
+ * come from the same decoding and transposes: the float32 values of k-steps 2q and 2q+1
+ * are merged into bf16(k=2q) | bf16(k=2q+1) << 16, their top halves (exact: an FP8
+ * value, even times a power-of-two MX scale in range, has at most 4 significant bits).
  */
 #include <immintrin.h>
 
@@ -64,11 +69,20 @@ FP8MIX_INLINE __m512 to_f32_scaled(int e4, __m256i h, const float *sc, __m512 sv
     return sc ? _mm512_mul_ps(f, sv) : f;
 }
 
+/* The bf16 pair words of two float32 vectors: top half of lo (k = 2q) in the low
+ * half-word, top half of hi (k = 2q+1) in the high one: (hi & 0xFFFF0000) | (lo >> 16). */
+FP8MIX_INLINE __m512i pair16(__m512 lo, __m512 hi)
+{
+    return _mm512_ternarylogic_epi32(_mm512_srli_epi32(_mm512_castps_si512(lo), 16), _mm512_castps_si512(hi),
+                                     _mm512_set1_epi32((int)0xFFFF0000u), 0xF8); /* a | (b & c) */
+}
+
 /* k-steps k0 .. k0+31 (k0 a multiple of 32: one MX block) of 16 row slots from r0 (rows
- * nv.. zero; bytes from kc on zero) into slots k0 + (j ^ 1), j < nslot, lanes r0 .. r0+15
- * under mask m; times the block's scales sc[(k0 / 32) * w + r] unless sc is NULL. */
-FP8MIX_INLINE void krows16x32(int e4, const uint8_t *src, int64_t ld, int r0, int nv, int64_t k0, int64_t kc,
-                              int64_t nslot, int w, __mmask16 m, const float *sc, float *out)
+ * nv.. zero; bytes from kc on zero) into slots k0 + (j ^ 1), j < nslot (float32), or the
+ * pair words (k0 + j) / 2, j even and < nslot (bf16), lanes r0 .. r0+15 under mask m;
+ * times the block's scales sc[(k0 / 32) * w + r] unless sc is NULL. */
+FP8MIX_INLINE void krows16x32(int e4, int bf16, const uint8_t *src, int64_t ld, int r0, int nv, int64_t k0,
+                              int64_t kc, int64_t nslot, int w, __mmask16 m, const float *sc, void *dst)
 {
     const __m512 sv = sc ? _mm512_maskz_loadu_ps(m, sc + (k0 / 32) * w + r0) : _mm512_setzero_ps();
     __m512i R[16];
@@ -94,42 +108,64 @@ FP8MIX_INLINE void krows16x32(int e4, const uint8_t *src, int64_t ld, int r0, in
     /* rows 8g .. 8g+7 of k = 8L + c in lane L of V[c][g]; then both row halves of one k
      * side by side: W0 lanes (k = c | k = 8 + c), W1 (k = 16 + c | k = 24 + c) */
     const __m512i lo = _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0), hi = _mm512_set_epi64(15, 14, 7, 6, 13, 12, 5, 4);
-    float *o = out + k0 * w + r0;
+    float *o = (float *)dst + k0 * w + r0;
+    uint32_t *o2 = (uint32_t *)dst + (k0 / 2) * w + r0;
 #define KSTORE(j, h) /* k-step k0 + j to slot k0 + (j ^ 1) */ \
     if ((j) < nslot) _mm512_mask_storeu_ps(o + ((j) ^ 1) * w, m, to_f32_scaled(e4, h, sc, sv));
+#define PSTORE(j, h0, h1) /* k-steps k0 + j, k0 + j + 1 (j even) to pair word (k0 + j) / 2 */ \
+    if ((j) < nslot)                                                                           \
+        _mm512_mask_storeu_epi32(o2 + ((j) / 2) * w, m,                                       \
+                                 pair16(to_f32_scaled(e4, h0, sc, sv), to_f32_scaled(e4, h1, sc, sv)));
 #pragma GCC unroll 4
-    for (int s = 0; s < 4; s++)
+    for (int s = 0; s < 4; s++) {
+        __m512i w0[2], w1[2];
+#pragma GCC unroll 2
+        for (int e = 0; e < 2; e++) {
+            __m512i v0 = e ? _mm512_unpackhi_epi64(S[s][0], S[s][1]) : _mm512_unpacklo_epi64(S[s][0], S[s][1]);
+            __m512i v1 = e ? _mm512_unpackhi_epi64(S[s][2], S[s][3]) : _mm512_unpacklo_epi64(S[s][2], S[s][3]);
+            w0[e] = _mm512_permutex2var_epi64(v0, lo, v1);
+            w1[e] = _mm512_permutex2var_epi64(v0, hi, v1);
+        }
+        if (bf16) { /* k = 2s and 2s + 1 side by side: one pair word each */
+            PSTORE(2 * s, _mm512_castsi512_si256(w0[0]), _mm512_castsi512_si256(w0[1]))
+            PSTORE(8 + 2 * s, _mm512_extracti64x4_epi64(w0[0], 1), _mm512_extracti64x4_epi64(w0[1], 1))
+            PSTORE(16 + 2 * s, _mm512_castsi512_si256(w1[0]), _mm512_castsi512_si256(w1[1]))
+            PSTORE(24 + 2 * s, _mm512_extracti64x4_epi64(w1[0], 1), _mm512_extracti64x4_epi64(w1[1], 1))
+            continue;
+        }
 #pragma GCC unroll 2
         for (int e = 0; e < 2; e++) {
             int c = 2 * s + e;
-            __m512i v0 = e ? _mm512_unpackhi_epi64(S[s][0], S[s][1]) : _mm512_unpacklo_epi64(S[s][0], S[s][1]);
-            __m512i v1 = e ? _mm512_unpackhi_epi64(S[s][2], S[s][3]) : _mm512_unpacklo_epi64(S[s][2], S[s][3]);
-            __m512i w0 = _mm512_permutex2var_epi64(v0, lo, v1), w1 = _mm512_permutex2var_epi64(v0, hi, v1);
-            KSTORE(c, _mm512_castsi512_si256(w0))
-            KSTORE(8 + c, _mm512_extracti64x4_epi64(w0, 1))
-            KSTORE(16 + c, _mm512_castsi512_si256(w1))
-            KSTORE(24 + c, _mm512_extracti64x4_epi64(w1, 1))
+            KSTORE(c, _mm512_castsi512_si256(w0[e]))
+            KSTORE(8 + c, _mm512_extracti64x4_epi64(w0[e], 1))
+            KSTORE(16 + c, _mm512_castsi512_si256(w1[e]))
+            KSTORE(24 + c, _mm512_extracti64x4_epi64(w1[e], 1))
         }
+    }
+#undef PSTORE
 #undef KSTORE
 }
 
-FP8MIX_INLINE void pack_krows_t(int e4, const uint8_t *src, int64_t ld, int nv, int w, int64_t kc,
-                                const float *sc, float *out)
+FP8MIX_INLINE void pack_krows_t(int e4, int bf16, const uint8_t *src, int64_t ld, int nv, int w, int64_t kc,
+                                const float *sc, void *out)
 {
     int64_t kce = kc + (kc & 1);
     for (int r0 = 0; r0 < w; r0 += 16) {
         __mmask16 m = (__mmask16)(w - r0 >= 16 ? 0xFFFFu : (1u << (w - r0)) - 1u);
         for (int64_t k0 = 0; k0 < kce; k0 += 32)
-            krows16x32(e4, src, ld, r0, nv, k0, kc, kce - k0, w, m, sc, out);
+            krows16x32(e4, bf16, src, ld, r0, nv, k0, kc, kce - k0, w, m, sc, out);
     }
 }
 
 /* pack_kcols: row k of the source holds the panel's w values of k-step k; two rows
  * (k, k+1) per conversion when w <= 16, one row when w <= 32; times the MX scales of
- * the pair's block, sc[(k / 32) * w + r], unless sc is NULL. */
-FP8MIX_INLINE void pack_kcols_t(int e4, const uint8_t *src, int64_t ld, int nv, int w, int64_t kc,
-                                const float *sc, float *out)
+ * the pair's block, sc[(k / 32) * w + r], unless sc is NULL.  bf16: the pair's two
+ * rows merged into one row of pair words. */
+FP8MIX_INLINE void pack_kcols_t(int e4, int bf16, const uint8_t *src, int64_t ld, int nv, int w, int64_t kc,
+                                const float *sc, void *dst)
 {
+    float *out = (float *)dst;
+    uint32_t *out2 = (uint32_t *)dst;
     int64_t kce = kc + (kc & 1);
     __mmask16 m0 = (__mmask16)(w >= 16 ? 0xFFFFu : (1u << w) - 1u);
     __mmask16 m1 = (__mmask16)(w >= 32 ? 0xFFFFu : w > 16 ? (1u << (w - 16)) - 1u : 0u);
@@ -143,46 +179,66 @@ FP8MIX_INLINE void pack_kcols_t(int e4, const uint8_t *src, int64_t ld, int nv, 
             __m128i b0 = _mm_maskz_loadu_epi8((__mmask16)in, r0);
             __m128i b1 = k + 1 < kc ? _mm_maskz_loadu_epi8((__mmask16)in, r1) : _mm_setzero_si128();
             __m512i h = to_half32(e4, _mm256_inserti128_si256(_mm256_castsi128_si256(b0), b1, 1));
-            _mm512_mask_storeu_ps(out + (k + 1) * w, m0, to_f32_scaled(e4, _mm512_castsi512_si256(h), sc, s0));
-            _mm512_mask_storeu_ps(out + k * w, m0, to_f32_scaled(e4, _mm512_extracti64x4_epi64(h, 1), sc, s0));
+            __m512 f0 = to_f32_scaled(e4, _mm512_castsi512_si256(h), sc, s0);
+            __m512 f1 = to_f32_scaled(e4, _mm512_extracti64x4_epi64(h, 1), sc, s0);
+            if (bf16) {
+                _mm512_mask_storeu_epi32(out2 + (k / 2) * w, m0, pair16(f0, f1));
+            } else {
+                _mm512_mask_storeu_ps(out + (k + 1) * w, m0, f0);
+                _mm512_mask_storeu_ps(out + k * w, m0, f1);
+            }
+            continue;
+        }
+        __m512i h[2];
+        for (int h1 = 0; h1 < 2; h1++)
+            h[h1] = k + h1 < kc ? to_half32(e4, _mm256_maskz_loadu_epi8(in, h1 ? r1 : r0)) : _mm512_setzero_si512();
+        if (bf16) {
+            uint32_t *o = out2 + (k / 2) * w;
+            _mm512_mask_storeu_epi32(o, m0, pair16(to_f32_scaled(e4, _mm512_castsi512_si256(h[0]), sc, s0),
+                                                   to_f32_scaled(e4, _mm512_castsi512_si256(h[1]), sc, s0)));
+            _mm512_mask_storeu_epi32(o + 16, m1,
+                                     pair16(to_f32_scaled(e4, _mm512_extracti64x4_epi64(h[0], 1), sc, s1),
+                                            to_f32_scaled(e4, _mm512_extracti64x4_epi64(h[1], 1), sc, s1)));
             continue;
         }
         for (int h1 = 0; h1 < 2; h1++) {
-            __m512i h = k + h1 < kc ? to_half32(e4, _mm256_maskz_loadu_epi8(in, h1 ? r1 : r0)) : _mm512_setzero_si512();
             float *o = out + (k + (h1 ^ 1)) * w;
-            _mm512_mask_storeu_ps(o, m0, to_f32_scaled(e4, _mm512_castsi512_si256(h), sc, s0));
-            _mm512_mask_storeu_ps(o + 16, m1, to_f32_scaled(e4, _mm512_extracti64x4_epi64(h, 1), sc, s1));
+            _mm512_mask_storeu_ps(o, m0, to_f32_scaled(e4, _mm512_castsi512_si256(h[h1]), sc, s0));
+            _mm512_mask_storeu_ps(o + 16, m1, to_f32_scaled(e4, _mm512_extracti64x4_epi64(h[h1], 1), sc, s1));
         }
     }
 }
 
-/* Both layouts, both formats, with or without MX scales: e4, the layout and whether sc
- * is NULL are constants inside. */
-FP8MIX_INLINE void pack_f32(int kcols, const uint8_t *src, int64_t ld, int nv, int w, int64_t kc,
-                            fp8mix_format fmt, const float *sc, float *out)
+/* Both layouts, both formats, float32 or bf16 pairs, with or without MX scales: e4, the
+ * layout, bf16 and whether sc is NULL are constants inside. */
+FP8MIX_INLINE void pack_any(int kcols, int bf16, const uint8_t *src, int64_t ld, int nv, int w, int64_t kc,
+                            fp8mix_format fmt, const float *sc, void *out)
 {
+    const int e4 = fmt == FP8MIX_E4M3;
     if (kcols)
-        fmt == FP8MIX_E4M3 ? pack_kcols_t(1, src, ld, nv, w, kc, sc, out) : pack_kcols_t(0, src, ld, nv, w, kc, sc, out);
+        e4 ? pack_kcols_t(1, bf16, src, ld, nv, w, kc, sc, out) : pack_kcols_t(0, bf16, src, ld, nv, w, kc, sc, out);
     else
-        fmt == FP8MIX_E4M3 ? pack_krows_t(1, src, ld, nv, w, kc, sc, out) : pack_krows_t(0, src, ld, nv, w, kc, sc, out);
+        e4 ? pack_krows_t(1, bf16, src, ld, nv, w, kc, sc, out) : pack_krows_t(0, bf16, src, ld, nv, w, kc, sc, out);
 }
 
 void fp8mix_gemm_pack_krows__avx512(const uint8_t *src, int64_t ld, int nv, int w, int64_t kc,
                                     fp8mix_format fmt, int bf16, void *dst)
 {
     if (bf16)
-        fp8mix_gemm_pack_krows__avx2(src, ld, nv, w, kc, fmt, bf16, dst);
+        pack_any(0, 1, src, ld, nv, w, kc, fmt, NULL, dst);
     else
-        pack_f32(0, src, ld, nv, w, kc, fmt, NULL, (float *)dst);
+        pack_any(0, 0, src, ld, nv, w, kc, fmt, NULL, dst);
 }
 
 void fp8mix_gemm_pack_kcols__avx512(const uint8_t *src, int64_t ld, int nv, int w, int64_t kc,
                                     fp8mix_format fmt, int bf16, void *dst)
 {
-    if (bf16 || w > 32)
+    if (w > 32)
         fp8mix_gemm_pack_kcols__avx2(src, ld, nv, w, kc, fmt, bf16, dst);
+    else if (bf16)
+        pack_any(1, 1, src, ld, nv, w, kc, fmt, NULL, dst);
     else
-        pack_f32(1, src, ld, nv, w, kc, fmt, NULL, (float *)dst);
+        pack_any(1, 0, src, ld, nv, w, kc, fmt, NULL, dst);
 }
 
 /* gemm_internal.h's pack_mx: float32 panels times their MX scales as they are stored
@@ -197,5 +253,13 @@ void fp8mix_gemm_pack_mx__avx512(const uint8_t *src, int64_t ld, int nv, int w, 
             for (int r = 0; r < w; r++) out[t * w + r] *= sc[(t / 32) * w + r];
         return;
     }
-    pack_f32(kcols, src, ld, nv, w, kc, fmt, sc, out);
+    pack_any(kcols, 0, src, ld, nv, w, kc, fmt, sc, out);
+}
+
+/* The same for bf16 pair panels (the AVX512_BF16 kernel's fn_mx_scaled), w <= 32 with
+ * kcols: only the kernel's own panels (MR 14, NR 32). */
+void fp8mix_gemm_pack_mx_bf16__avx512(const uint8_t *src, int64_t ld, int nv, int w, int64_t kc, fp8mix_format fmt,
+                                      int kcols, const float *sc, void *dst)
+{
+    pack_any(kcols, 1, src, ld, nv, w, kc, fmt, sc, dst);
 }
