@@ -19,7 +19,7 @@
  * thread count (gemm_internal.h).  Scales and bias are applied once, in the
  * epilogue (gemm_epilogue.c; the rules are gemm.c's).
  *
- * Memory: the B panel (KC x NC values, 1-2 MiB), one A block per worker
+ * Memory: the B panel (KC x NC values, 1-4 MiB), one A block per worker
  * (MC x KC, about 144 KiB) and, for non-float32 outputs, the accumulator
  * (8 MiB at most: NC shrinks with M).  They come from one workspace that is kept for the next
  * call (a freshly mapped one page-faults on every call), up to WS_KEEP bytes.
@@ -62,13 +62,18 @@
  * repacking does).  The AVX512-BF16 kernel (two k-steps per vdpbf16ps) on Zen 4 (32 KiB
  * L1d, 1 MiB L2): A panels outer with KC 512 (A panel 14 KiB, B sliver 32 KiB, B panel
  * 512 KiB) ran 1.07-1.16x its former B-sliver-outer order with KC 256 at 1024^3-2048^3,
- * 1-2 threads; A outer alone at KC 256, 0.99-1.04x.  None of the sizes or orders changes a sum: a K run is never split
+ * 1-2 threads; A outer alone at KC 256, 0.99-1.04x.  There a wider column chunk
+ * (NC_A_OUTER_BF16) paid although its B panel (4 MiB) streams from L3: each chunk
+ * repacks A, and at two k-steps per instruction that packing weighs twice what it does
+ * for the float32 kernel; 1024 / 2048 / 4096 columns ran 1.01-1.02x / 1.01-1.04x /
+ * 1.02-1.04x the 512 of the float32 kernel at 2048^3 and 2048x4096x11008, 1-2 threads.  None of the sizes or orders changes a sum: a K run is never split
  * by the tiling. */
 #define SLIVER_VALUES 16384
 #define KC_MAX 512            /* (bounds the per-block scale buffer below)      */
 #define ABLOCK_VALUES (144 * 256)
 #define NC 1024
 #define NC_A_OUTER 512
+#define NC_A_OUTER_BF16 4096
 #define ACC_WORDS (2 << 20)   /* accumulator cap for non-float32 outputs       */
 #define MAX_TILE (32 * 32)    /* MR x NR of the widest kernel                   */
 #define GEMM_GRAIN (1 << 22)  /* multiply-adds worth a thread                  */
@@ -479,7 +484,7 @@ static size_t plan_sizes(plan *pl, int workers)
     pl->n_ic = ceil_div(M, rows);
     pl->mc = ceil_div(ceil_div(M, pl->n_ic), mr) * mr;
     pl->n_ic = ceil_div(M, pl->mc);
-    int64_t nc_cap = pl->uk->a_outer ? NC_A_OUTER : NC;
+    int64_t nc_cap = !pl->uk->a_outer ? NC : pl->uk->bf16 ? NC_A_OUTER_BF16 : NC_A_OUTER;
     if (g->out_t != FP8MIX_F32) { /* the accumulator is M x NC floats */
         int64_t fit = (ACC_WORDS / M) / nr * nr;
         nc_cap = fit < nr ? nr : (fit < nc_cap ? fit : nc_cap);

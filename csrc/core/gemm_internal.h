@@ -173,6 +173,8 @@ void fp8mix_gemm_ukernel_mx_pow2_bf16_14x32__avx512bf16(int64_t kc, const void *
                                                         int64_t ldc, int load_c, const float *sa, const float *sb);
 void fp8mix_gemm_ukernel_mx_scaled_bf16_14x32__avx512bf16(int64_t kc, const void *a, const void *b, float *c,
                                                           int64_t ldc, int load_c, const float *sa, const float *sb);
+void fp8mix_gemm_ukernel_blocks_bf16_14x32__avx512bf16(int64_t kc, const void *a, const void *b, float *c,
+                                                       int64_t ldc, int load_c, const float *rs);
 void fp8mix_gemm_ukernel_final_bf16_14x32__avx512bf16(int64_t kc, const void *a, const void *b, float *c,
                                                       int64_t ldc, int load_c, const float *s, const float *bias);
 void fp8mix_gemm_ukernel_bf16_14x32__avx512bf16(int64_t kc, const void *a,

@@ -103,15 +103,17 @@ void fp8mix_gemm_ukernel_final_bf16_14x32__avx512bf16(int64_t kc, const void *ap
 /* MX over a whole K step for 7 of the tile's 14 rows (gemm_mx_avx512.h; a: the packed
  * panel at the first of them, its k-steps still 14 rows apart; sa: their scales, 14
  * per block).  mode (a constant after inlining): 0 fn_mx, 1 fn_mx_pow2, 2 fn_mx_scaled
- * (sa, sb not read). */
+ * (sa, sb not read), 3 fn_blocks (128-deep blocks, sa the row scales rs, 14 per block;
+ * sb not read). */
 static inline __attribute__((always_inline)) void
 mx_half_bf16_7x32(int64_t kc, const unsigned char *a, const unsigned char *b, float *c, int64_t ldc, const float *ci,
                   int64_t ldi, int load_c,
                   const float *sa, const float *sb, int mode)
 {
+    const int64_t bd = mode == 3 ? 128 : 32; /* block depth in k-steps */
     MX7_ROWS(MX7_DECL)
-    for (int64_t k0 = 0; k0 < kc; k0 += 32, sa += 14, sb += 32) {
-        const int64_t np = (kc - k0 < 32 ? kc - k0 : 32) / 2; /* pairs: kc is even */
+    for (int64_t k0 = 0; k0 < kc; k0 += bd, sa += 14, sb += mode == 3 ? 0 : 32) {
+        const int64_t np = (kc - k0 < bd ? kc - k0 : bd) / 2; /* pairs: kc is even */
 #define ZERO(r) __m512 p##r##0 = _mm512_setzero_ps(), p##r##1 = _mm512_setzero_ps();
         MX7_ROWS(ZERO)
 #undef ZERO
@@ -129,6 +131,15 @@ mx_half_bf16_7x32(int64_t kc, const unsigned char *a, const unsigned char *b, fl
 #define OADD(r) o##r##0 = _mm512_add_ps(o##r##0, p##r##0); o##r##1 = _mm512_add_ps(o##r##1, p##r##1);
             MX7_ROWS(OADD)
 #undef OADD
+        } else if (mode == 3) { /* block scales: o = o + part * rs[r] */
+#define OSCALE(r)                                                   \
+    {                                                               \
+        const __m512 s = _mm512_set1_ps(sa[r]);                     \
+        o##r##0 = _mm512_add_ps(o##r##0, _mm512_mul_ps(p##r##0, s)); \
+        o##r##1 = _mm512_add_ps(o##r##1, _mm512_mul_ps(p##r##1, s)); \
+    }
+            MX7_ROWS(OSCALE)
+#undef OSCALE
         } else {
             MX7_SCALE_BLOCK(mode)
         }
@@ -163,6 +174,15 @@ void fp8mix_gemm_ukernel_mx_pow2_bf16_14x32__avx512bf16(int64_t kc, const void *
     int load_c, const float *sa, const float *sb)
 {
     mx_tile(kc, ap, bp, c, ldc, load_c, sa, sb, 1);
+}
+
+/* Block scales over a whole K step (gemm_internal.h's fn_blocks): the halves again, each
+ * 128-deep block's part times its row scale added to outputs held in registers; C is
+ * loaded and stored once per K step instead of once per block. */
+void fp8mix_gemm_ukernel_blocks_bf16_14x32__avx512bf16(int64_t kc, const void *ap, const void *bp, float *c,
+                                                       int64_t ldc, int load_c, const float *rs)
+{
+    mx_tile(kc, ap, bp, c, ldc, load_c, rs, rs, 3);
 }
 
 /* The same sums on bf16 panels packed already multiplied by their scales
@@ -203,5 +223,10 @@ void fp8mix_gemm_ukernel_mx_scaled_bf16_14x32__avx512bf16(int64_t kc, const void
                                                           int64_t ldc, int load_c, const float *sa, const float *sb)
 {
     (void)kc; (void)ap; (void)bp; (void)c; (void)ldc; (void)load_c; (void)sa; (void)sb;
+}
+void fp8mix_gemm_ukernel_blocks_bf16_14x32__avx512bf16(int64_t kc, const void *ap, const void *bp, float *c,
+                                                       int64_t ldc, int load_c, const float *rs)
+{
+    (void)kc; (void)ap; (void)bp; (void)c; (void)ldc; (void)load_c; (void)rs;
 }
 #endif
