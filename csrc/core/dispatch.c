@@ -172,9 +172,9 @@ const fp8mix_fused_kernels *fp8mix_fused_kernels_active(void)
 }
 
 /* ---- GEMM microkernels ----------------------------------------------------
- * The x86 variants pack with the AVX2 decoder (the float32 AVX-512 kernel: the AVX-512
- * one) and finish tiles with the AVX2 epilogue, a small part of the work; AVX2 is part
- * of every ISA level above scalar. */
+ * The x86 variants pack with the AVX2 decoder (the AVX-512 kernels: the AVX-512 one)
+ * and finish tiles with the AVX2 epilogue, a small part of the work; AVX2 is part of
+ * every ISA level above scalar. */
 
 static const fp8mix_gemm_ukernel uk_scalar = {4, 16, 0, fp8mix_gemm_ukernel_f32_4x16_ref,
                                               fp8mix_gemm_pack_krows_ref, fp8mix_gemm_pack_kcols_ref,

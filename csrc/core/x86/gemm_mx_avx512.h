@@ -73,7 +73,7 @@ static inline int32_t mx_f32_bits(float f)
     _mm512_storeu_ps(c + r * ldc, o##r##0);       \
     _mm512_storeu_ps(c + r * ldc + 16, o##r##1);
 
-/* The float32 AVX-512 kernel runs A panels outer (its a_outer): the driver's next tile
+/* The AVX-512 kernels run A panels outer (their a_outer): the driver's next tile
  * is usually the next 32 columns of the same 14 rows, fetched into L2 once per tile. */
 static inline void mx14_prefetch_next_tile(const float *c, int64_t ldc)
 {
