@@ -186,12 +186,10 @@ void fp8mix_gemm_ukernel_blocks_bf16_14x32__avx512bf16(int64_t kc, const void *a
 }
 
 /* The same sums on bf16 panels packed already multiplied by their scales
- * (gemm_internal.h's fn_mx_scaled; sa and sb are not read). */
+ * (gemm_internal.h's fn_mx_scaled; sa and sb only step along, unread). */
 void fp8mix_gemm_ukernel_mx_scaled_bf16_14x32__avx512bf16(int64_t kc, const void *ap, const void *bp, float *c,
                                                           int64_t ldc, int load_c, const float *sa, const float *sb)
 {
-    (void)sa;
-    (void)sb;
     mx_tile(kc, ap, bp, c, ldc, load_c, sa, sb, 2);
 }
 #elif FP8MIX_X86
